@@ -1,0 +1,205 @@
+"""Hub DomMed settings, all read from the environment.
+
+Every value has a default that works on a developer's machine (PostgreSQL,
+Redis and RabbitMQ on 127.0.0.1). A bad value stops the process at start-up
+with a message naming the variable; see ``common.env``.
+"""
+
+from datetime import timedelta
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+from common.env import Env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+environ.Env.read_env(BASE_DIR / ".env")  # optional; the real environment wins
+env = Env()
+
+DEBUG = env.bool("DEBUG", default=True)
+
+# A development key exists only in DEBUG; production must provide its own.
+_DEV_SECRET_KEY = "insecure-development-key-do-not-use-in-production-0123456789abcdef"  # noqa: S105 (development only)
+SECRET_KEY = env.str("SECRET_KEY", default=_DEV_SECRET_KEY if DEBUG else "")
+if not SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off")
+if not DEBUG and SECRET_KEY == _DEV_SECRET_KEY:
+    raise ImproperlyConfigured("SECRET_KEY is the development key; set a real one (DEBUG is off)")
+
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["*"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "identity",
+    "sector",
+    "automation",
+    "job",
+    "outbox",
+    "relay",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "common.middleware.CorrelationIdMiddleware",
+]
+
+ROOT_URLCONF = "hubdommed.urls"
+WSGI_APPLICATION = "hubdommed.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/hubdommed"),
+}
+DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60, minimum=0))
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_USER_MODEL = "identity.User"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+# --- Redis: an accelerator only (the outbox wake signal, throttling counters) -------------
+REDIS_URL = env.url("REDIS_URL", default="redis://127.0.0.1:6379/0", schemes=("redis", "rediss"))
+REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="hubdommed")
+# Seconds to wait for Redis before giving up: a request must never hang on it.
+REDIS_SOCKET_TIMEOUT = env.float("REDIS_SOCKET_TIMEOUT", default=0.5, minimum=0.01)
+OUTBOX_WAKE_KEY = f"{REDIS_KEY_PREFIX}:outbox:wake"
+
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": REDIS_KEY_PREFIX,
+        "OPTIONS": {
+            "socket_connect_timeout": REDIS_SOCKET_TIMEOUT,
+            "socket_timeout": REDIS_SOCKET_TIMEOUT,
+        },
+    }
+}
+
+# --- Broker -------------------------------------------------------------------------------
+BROKER = env.choice("BROKER", ("rabbitmq", "sqs"), default="rabbitmq")
+RABBITMQ_URL = env.url(
+    "RABBITMQ_URL", default="amqp://guest:guest@127.0.0.1:5672/%2F", schemes=("amqp", "amqps")
+)
+RABBITMQ_EXCHANGE = env.str("RABBITMQ_EXCHANGE", default="dom_med")
+# Queue names on either transport: <prefix><queue class>, and <prefix><queue class>-dlq.
+QUEUE_PREFIX = env.str("QUEUE_PREFIX", default="hubdommed-")
+AWS_REGION = env.str("AWS_REGION", default="us-east-1")
+SQS_ENDPOINT_URL = env.str("SQS_ENDPOINT_URL", default="") or None
+EC2_ENDPOINT_URL = env.str("EC2_ENDPOINT_URL", default="") or None
+
+# --- Outbox and relay ---------------------------------------------------------------------
+TASKS_CATALOG = BASE_DIR / "tasks.json"
+OUTBOX_MAX_ENVELOPE_BYTES = 256 * 1024
+RELAY_ENABLED = env.bool("HUBDOMMED_RELAY", default=False)
+RELAY_SWEEP_INTERVAL = env.float("RELAY_SWEEP_INTERVAL", default=2.0, minimum=0.05)
+RELAY_BATCH_SIZE = env.int("RELAY_BATCH_SIZE", default=500, minimum=1)
+
+# --- Background workers -------------------------------------------------------------------
+QUEUES = env.list("QUEUES", default=["critical", "default", "bulk", "maintenance"])
+WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=4, minimum=1)
+WORKER_STOP_BUDGET = env.float("WORKER_STOP_BUDGET", default=30.0, minimum=0)
+
+# --- Identity -----------------------------------------------------------------------------
+ACCESS_TOKEN_LIFETIME = timedelta(
+    seconds=env.int("ACCESS_TOKEN_SECONDS", default=15 * 60, minimum=1)
+)
+REFRESH_TOKEN_LIFETIME = timedelta(
+    seconds=env.int("REFRESH_TOKEN_SECONDS", default=30 * 24 * 3600, minimum=1)
+)
+
+# --- API ----------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["identity.authentication.AccessTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "common.api.exception_handler",
+    "DEFAULT_PAGINATION_CLASS": "common.api.DefaultPagination",
+    "PAGE_SIZE": 50,
+}
+if DEBUG:
+    REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append(
+        "rest_framework.renderers.BrowsableAPIRenderer"
+    )
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Hub DomMed API",
+    "DESCRIPTION": (
+        "Organizations trigger automations that run on dedicated machines. "
+        "People authenticate with `Authorization: Bearer <access token>`; an automation's "
+        "worker sends its own credential in the same header."
+    ),
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# --- Logging: one line per record, to stderr (the service manager collects it) ------------
+LOG_LEVEL = env.choice("LOG_LEVEL", ("debug", "info", "warning", "error"), default="info").upper()
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line"}},
+    "root": {"handlers": ["stderr"], "level": LOG_LEVEL},
+    "loggers": {
+        "django.server": {"level": "WARNING"},
+        "pika": {"level": "WARNING"},
+        "botocore": {"level": "WARNING"},
+    },
+}
+
+if not DEBUG:
+    SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
+    CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Access tokens are signed with their own key when one is given (rotating it logs everyone out
+# without touching sessions or password resets), else with SECRET_KEY.
+ACCESS_TOKEN_SIGNING_KEY = env.str("ACCESS_TOKEN_SIGNING_KEY", default="") or SECRET_KEY

@@ -1,0 +1,24 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from common import health
+
+handler404 = "common.api.not_found_view"
+handler500 = "common.api.server_error_view"
+
+api_v1 = [
+    path("", include("identity.urls")),
+    path("", include("sector.urls")),
+    path("", include("automation.urls")),
+    path("", include("job.urls")),
+]
+
+urlpatterns = [
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("health/live", health.live, name="health-live"),
+    path("health/ready", health.ready, name="health-ready"),
+    path("admin/", admin.site.urls),
+]
