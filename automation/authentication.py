@@ -1,0 +1,63 @@
+"""``Authorization: Bearer <worker credential>`` for an automation's worker."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions
+
+from identity.authentication import bearer_token
+
+CREDENTIAL_PREFIX = "hdw_"
+
+
+def new_credential() -> str:
+    """A fresh worker credential: shown once, stored only as its hash."""
+    return CREDENTIAL_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_credential(credential: str) -> str:
+    return hashlib.sha256(credential.encode()).hexdigest()
+
+
+class WorkerAuthentication(authentication.BaseAuthentication):
+    """Authenticates a worker; ``request.user`` is the ``Worker``."""
+
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        credential = bearer_token(request)
+        if credential is None:
+            return None
+        if not credential.startswith(CREDENTIAL_PREFIX):
+            raise exceptions.AuthenticationFailed("Invalid worker credential.")
+        from automation.models import Worker
+
+        digest = hash_credential(credential)
+        worker = (
+            Worker.objects.select_related("automation")
+            .filter(credential_hash=digest, is_active=True, automation__is_active=True)
+            .first()
+        )
+        # The lookup is by hash; compare again in constant time all the same.
+        if worker is None or not hmac.compare_digest(worker.credential_hash, digest):
+            raise exceptions.AuthenticationFailed("Invalid worker credential.")
+        return worker, None
+
+    def authenticate_header(self, request) -> str:
+        return f'{self.keyword} realm="worker"'
+
+
+class WorkerCredentialScheme(OpenApiAuthenticationExtension):
+    target_class = "automation.authentication.WorkerAuthentication"
+    name = "workerCredential"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "An automation worker's own credential (shown once when created).",
+        }

@@ -1,0 +1,116 @@
+"""API plumbing shared by every module: the one error format and pagination.
+
+Every failure leaves the API as::
+
+    {"error": {"code": "not_found", "message": "Not found.", "details": {}}}
+
+``code`` is stable and machine-readable, ``message`` is for people and
+``details`` carries field errors or context (for validation: field -> list).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions, status
+from rest_framework.pagination import CursorPagination, LimitOffsetPagination
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from common.errors import DomainError
+
+logger = logging.getLogger("hubdommed.api")
+
+_DRF_CODES = {
+    exceptions.ValidationError: "invalid",
+    exceptions.ParseError: "malformed_request",
+    exceptions.NotAuthenticated: "not_authenticated",
+    exceptions.AuthenticationFailed: "authentication_failed",
+    exceptions.PermissionDenied: "forbidden",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.Throttled: "throttled",
+}
+
+
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    if isinstance(exc, DomainError):
+        if exc.status_code >= 500:
+            logger.error("domain error %s: %s", exc.code, exc.message)
+        return Response(error_body(exc.code, exc.message, exc.details), status=exc.status_code)
+
+    if isinstance(exc, DjangoValidationError):
+        details = (
+            exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        )
+        exc = exceptions.ValidationError(details)
+    elif isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        # A bug, not a refusal: log it with its traceback and keep the format.
+        view = context.get("view")
+        logger.exception("unhandled error in %s", type(view).__name__ if view else "view")
+        return Response(
+            error_body("internal_error", "An unexpected error occurred."),
+            status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        )
+
+    code = _code_for(exc)
+    if isinstance(exc, exceptions.ValidationError):
+        details = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        message = "The input is invalid."
+        response.data = error_body(code, message, details)
+    else:
+        detail = exc.detail if isinstance(exc, exceptions.APIException) else str(exc)
+        details: dict[str, Any] = {}
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            details["retry_after_seconds"] = int(exc.wait + 0.999)
+        response.data = error_body(code, str(detail), details)
+    return response
+
+
+def _code_for(exc: Exception) -> str:
+    for cls in type(exc).__mro__:
+        if cls in _DRF_CODES:
+            return _DRF_CODES[cls]
+    if isinstance(exc, exceptions.APIException):
+        return exc.default_code or "error"
+    return "error"
+
+
+def not_found_view(request, exception=None):
+    """``handler404`` for paths outside DRF: the same format."""
+    return JsonResponse(error_body("not_found", "Not found."), status=404)
+
+
+def server_error_view(request):
+    """``handler500`` for errors outside DRF views."""
+    return JsonResponse(error_body("internal_error", "An unexpected error occurred."), status=500)
+
+
+class DefaultPagination(LimitOffsetPagination):
+    default_limit = 50
+    max_limit = 200
+
+
+class NewestFirstCursorPagination(CursorPagination):
+    """Keyset pagination for long, append-mostly lists (jobs): cost does not grow with depth."""
+
+    ordering = ("-created_at", "-id")
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = 200

@@ -1,0 +1,59 @@
+"""Domain errors: what a use case refuses, with a stable machine code.
+
+Services and aggregates raise these; ``common.api.exception_handler`` turns
+them into the one error format. Each has an HTTP status so the mapping lives
+with the error, not scattered through views.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DomainError(Exception):
+    """A refused operation. ``code`` is stable and machine-readable."""
+
+    status_code = 400
+    code = "invalid"
+    default_message = "The request was refused."
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        code: str | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        self.message = message or self.default_message
+        if code is not None:
+            self.code = code
+        self.details = details or {}
+        super().__init__(self.message)
+
+
+class InvalidInput(DomainError):
+    """Input that no retry can fix (validation)."""
+
+    status_code = 400
+    code = "invalid"
+    default_message = "The input is invalid."
+
+
+class NotFound(DomainError):
+    status_code = 404
+    code = "not_found"
+    default_message = "Not found."
+
+
+class Forbidden(DomainError):
+    status_code = 403
+    code = "forbidden"
+    default_message = "You are not allowed to do this."
+
+
+class Conflict(DomainError):
+    """The current state forbids the move (an illegal transition, a refused claim)."""
+
+    status_code = 409
+    code = "conflict"
+    default_message = "The current state does not allow this."

@@ -1,0 +1,60 @@
+"""``Authorization: Bearer <access token>`` for people."""
+
+from __future__ import annotations
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework import authentication, exceptions
+
+from identity.tokens import InvalidAccessToken, decode_access_token
+
+
+class AccessTokenAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        token = bearer_token(request)
+        if token is None:
+            return None
+        try:
+            claims = decode_access_token(token)
+        except InvalidAccessToken as exc:
+            raise exceptions.AuthenticationFailed(str(exc), code=exc.code) from None
+        from identity.models import User
+
+        user = (
+            User.objects.select_related("tenant").filter(pk=claims["sub"], is_active=True).first()
+        )
+        if user is None or (user.tenant_id is not None and not user.tenant.is_active):
+            raise exceptions.AuthenticationFailed("The account is not active.", code="inactive")
+        return user, claims
+
+    def authenticate_header(self, request) -> str:
+        return f'{self.keyword} realm="api"'
+
+
+def bearer_token(request) -> str | None:
+    """The token of an ``Authorization: Bearer …`` header, or None when there is none."""
+    header = authentication.get_authorization_header(request).split()
+    if not header or header[0].lower() != b"bearer":
+        return None
+    if len(header) != 2:
+        raise exceptions.AuthenticationFailed(
+            "Malformed Authorization header: expected 'Bearer <token>'."
+        )
+    try:
+        return header[1].decode("ascii")
+    except UnicodeDecodeError:
+        raise exceptions.AuthenticationFailed("Malformed Authorization header.") from None
+
+
+class AccessTokenScheme(OpenApiAuthenticationExtension):
+    target_class = "identity.authentication.AccessTokenAuthentication"
+    name = "accessToken"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "JWT",
+            "description": "A short-lived access token from POST /api/v1/auth/login.",
+        }

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Lower
+
+
+class Sector(models.Model):
+    """A classification of automations (finance, logistics…). Deactivated, never deleted."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=120)
+    slug = models.SlugField(max_length=120, unique=True)
+    description = models.TextField(blank=True, default="")
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    deactivated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "sectors"
+        ordering = ("name", "id")
+        constraints = [
+            # A retired name can be reused by a new sector.
+            models.UniqueConstraint(
+                Lower("name"), condition=Q(is_active=True), name="sectors_active_name_key"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
