@@ -1,0 +1,204 @@
+"""The outbox: what must be delivered, written in the transaction of the change.
+
+``outbox_messages`` and ``platform_outbox_messages`` follow seed 000 exactly
+(column names, types, defaults and constraint names); the migration adds what
+the ORM cannot say (``GENERATED ALWAYS`` identity). ``task_runs`` tracks each
+delivery by its ``run_id``; ``events`` is the permanent domain-event trail.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.lookups import Exact
+
+QUEUES = ("critical", "default", "bulk", "maintenance")
+
+
+class Queue(models.TextChoices):
+    CRITICAL = "critical"
+    DEFAULT = "default"
+    BULK = "bulk"
+    MAINTENANCE = "maintenance"
+
+
+def jsonb_typeof_is(field: str, kind: str) -> Exact:
+    """``jsonb_typeof(<field>) = '<kind>'`` as a boolean expression for CHECK constraints."""
+    return Exact(
+        models.Func(models.F(field), function="jsonb_typeof", output_field=models.TextField()),
+        models.Value(kind),
+    )
+
+
+def clock_timestamp() -> models.Func:
+    """``clock_timestamp()``: the real time of the statement, not of the transaction."""
+    return models.Func(function="clock_timestamp", output_field=models.DateTimeField())
+
+
+class BaseOutboxMessage(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    run_id = models.UUIDField()
+    queue = models.TextField()
+    envelope = models.JSONField()
+    available_at = models.DateTimeField()
+    sent_at = models.DateTimeField(null=True)
+    attempts = models.IntegerField(db_default=0)
+    created_at = models.DateTimeField(db_default=clock_timestamp())
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.envelope.get('task')} {self.run_id}"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.sent_at is None
+
+
+def _outbox_meta_constraints(table: str) -> list:
+    return [
+        models.CheckConstraint(condition=Q(attempts__gte=0), name=f"{table}_attempts_check"),
+        models.CheckConstraint(
+            condition=jsonb_typeof_is("envelope", "object"), name=f"{table}_envelope_check"
+        ),
+        models.CheckConstraint(condition=Q(queue__in=QUEUES), name=f"{table}_queue_check"),
+        models.UniqueConstraint(fields=["run_id"], name=f"{table}_run_id_key"),
+    ]
+
+
+class OutboxMessage(BaseOutboxMessage):
+    """Tenant work. ``sent_at`` NULL means pending."""
+
+    tenant = models.ForeignKey(
+        "identity.Tenant", on_delete=models.PROTECT, db_constraint=True, related_name="+"
+    )
+
+    class Meta:
+        db_table = "outbox_messages"
+        constraints = _outbox_meta_constraints("outbox_messages")
+        indexes = [
+            # The relay's batch query: pending rows in id order (partial, so it stays small
+            # however much history the table keeps).
+            models.Index(
+                fields=["id"],
+                include=["available_at"],
+                condition=Q(sent_at__isnull=True),
+                name="outbox_messages_pending_idx",
+            ),
+            # maintenance.purge: sent rows by age.
+            models.Index(
+                fields=["sent_at"],
+                condition=Q(sent_at__isnull=False),
+                name="outbox_messages_sent_idx",
+            ),
+        ]
+
+
+class PlatformOutboxMessage(BaseOutboxMessage):
+    """Work without a tenant: catalog, system, schedules."""
+
+    class Meta:
+        db_table = "platform_outbox_messages"
+        constraints = _outbox_meta_constraints("platform_outbox_messages")
+        indexes = [
+            models.Index(
+                fields=["id"],
+                include=["available_at"],
+                condition=Q(sent_at__isnull=True),
+                name="platform_outbox_pending_idx",
+            ),
+            models.Index(
+                fields=["sent_at"],
+                condition=Q(sent_at__isnull=False),
+                name="platform_outbox_sent_idx",
+            ),
+        ]
+
+
+class TaskRunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class TaskRun(models.Model):
+    """One delivery of one task, from the outbox to its end. Keyed by the envelope's run_id."""
+
+    Status = TaskRunStatus
+
+    run_id = models.UUIDField(primary_key=True)
+    task = models.TextField()
+    queue = models.TextField(choices=Queue.choices)
+    event = models.TextField(blank=True, default="")
+    tenant = models.ForeignKey(
+        "identity.Tenant", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    status = models.TextField(choices=Status.choices, default=Status.QUEUED)
+    receive_count = models.IntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    correlation_id = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(db_default=clock_timestamp())
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "task_runs"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=TaskRunStatus.values), name="task_runs_status_check"
+            ),
+            models.CheckConstraint(condition=Q(queue__in=QUEUES), name="task_runs_queue_check"),
+            models.CheckConstraint(
+                condition=Q(receive_count__gte=0), name="task_runs_receive_count_check"
+            ),
+        ]
+        indexes = [
+            # Operators look for what is stuck or failing.
+            models.Index(
+                fields=["status", "updated_at"],
+                condition=~Q(status="succeeded"),
+                name="task_runs_unfinished_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task} {self.run_id} {self.status}"
+
+
+class Event(models.Model):
+    """The permanent trail of domain events. Never purged."""
+
+    id = models.BigAutoField(primary_key=True)
+    type = models.TextField()
+    aggregate_type = models.TextField()
+    aggregate_id = models.TextField()
+    tenant = models.ForeignKey(
+        "identity.Tenant", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    # Who caused it: "user:<id>", "worker:<id>", "system" (a daemon) or "task:<name>".
+    actor = models.TextField()
+    payload = models.JSONField()
+    correlation_id = models.TextField(blank=True, default="")
+    occurred_at = models.DateTimeField(db_default=clock_timestamp())
+
+    class Meta:
+        db_table = "events"
+        constraints = [
+            models.CheckConstraint(
+                condition=jsonb_typeof_is("payload", "object"), name="events_payload_check"
+            ),
+        ]
+        indexes = [
+            # "What happened to this job / automation?"
+            models.Index(
+                fields=["aggregate_type", "aggregate_id", "id"], name="events_aggregate_idx"
+            ),
+            models.Index(fields=["tenant", "id"], name="events_tenant_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.aggregate_type}:{self.aggregate_id}"
