@@ -1,0 +1,68 @@
+"""Every failure leaves the API in one format: {"error": {"code", "message", "details"}}."""
+
+import pytest
+from rest_framework.test import APIClient
+
+pytestmark = [pytest.mark.urls("tests.common.urls"), pytest.mark.django_db]
+
+
+@pytest.fixture
+def api():
+    return APIClient(raise_request_exception=False)
+
+
+def assert_error(response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"code", "message", "details"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    return body["error"]
+
+
+def test_validation_errors_carry_their_fields(api):
+    error = assert_error(
+        api.post("/t/validate", {"name": "toolong", "count": 0}, format="json"), 400, "invalid"
+    )
+    assert set(error["details"]) == {"name", "count"}
+
+
+def test_malformed_json_is_a_400_not_a_500(api):
+    response = api.post("/t/validate", "{not json", content_type="application/json")
+    assert_error(response, 400, "malformed_request")
+
+
+def test_domain_errors_keep_their_code_and_details(api):
+    error = assert_error(api.post("/t/conflict"), 409, "not_pending")
+    assert error["details"] == {"status": "running"}
+
+
+def test_unexpected_errors_are_a_500_in_the_same_format(api):
+    assert_error(api.get("/t/crash"), 500, "internal_error")
+
+
+def test_unauthenticated_requests_get_401(api):
+    response = api.get("/t/private")
+    assert_error(response, 401, "not_authenticated")
+    assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_a_garbage_token_is_refused(api):
+    api.credentials(HTTP_AUTHORIZATION="Bearer not-a-token")
+    assert_error(api.get("/t/private"), 401, "authentication_failed")
+
+
+def test_wrong_method_is_a_405(api):
+    assert_error(api.get("/t/conflict"), 405, "method_not_allowed")
+
+
+def test_unknown_paths_are_a_404_in_the_same_format(api):
+    assert_error(api.get("/api/v1/no-such-thing"), 404, "not_found")
+    assert_error(api.get("/nowhere"), 404, "not_found")
+
+
+def test_every_response_carries_a_request_id(api):
+    response = api.get("/health/live", HTTP_X_REQUEST_ID="abc-123")
+    assert response["X-Request-ID"] == "abc-123"
+    assert api.get("/health/live")["X-Request-ID"]

@@ -1,0 +1,60 @@
+"""A bad setting stops the process at start-up with a message naming the variable."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start(env_overrides: dict[str, str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, **env_overrides}
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "hubdommed.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("RELAY_SWEEP_INTERVAL", "soon"),
+        ("WORKER_CONCURRENCY", "0"),
+        ("BROKER", "kafka"),
+        ("DEBUG", "maybe"),
+        ("DATABASE_URL", "mysql://localhost/x"),
+        ("REDIS_URL", "localhost:6379"),
+    ],
+)
+def test_a_bad_value_names_the_variable(variable, value):
+    result = start({variable: value})
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert variable in result.stderr
+
+
+def test_production_refuses_to_start_without_a_secret_key():
+    env = {k: v for k, v in os.environ.items() if k != "SECRET_KEY"}
+    env["DEBUG"] = "false"
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "hubdommed.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set" in result.stderr
+
+
+def test_the_defaults_start():
+    result = start({})
+    assert result.returncode == 0, result.stderr

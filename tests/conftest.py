@@ -1,0 +1,56 @@
+"""Fixtures shared by every test module.
+
+Tests talk to the real PostgreSQL, Redis and broker. Each test session uses its
+own Redis key prefix, so two runs on one machine do not steal each other's signals.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import redis
+from django.conf import settings
+
+from tests.factories import TenantFactory, UserFactory
+
+
+@pytest.fixture(scope="session")
+def redis_key_prefix() -> str:
+    return f"hubdommed-test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_wake_key(settings, redis_key_prefix):
+    settings.REDIS_KEY_PREFIX = redis_key_prefix
+    settings.OUTBOX_WAKE_KEY = f"{redis_key_prefix}:outbox:wake"
+    yield
+    redis_conn = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        redis_conn.delete(settings.OUTBOX_WAKE_KEY)
+    except redis.RedisError:
+        pass
+    finally:
+        redis_conn.close()
+
+
+@pytest.fixture
+def redis_conn():
+    conn = redis.Redis.from_url(settings.REDIS_URL)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def tenant(db):
+    return TenantFactory()
+
+
+@pytest.fixture
+def other_tenant(db):
+    return TenantFactory()
+
+
+@pytest.fixture
+def user(tenant):
+    return UserFactory(tenant=tenant)
