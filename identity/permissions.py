@@ -1,0 +1,51 @@
+"""Small reusable DRF permissions: who may call an operation.
+
+Object-level tenancy is enforced by scoping querysets to the caller's tenant
+(another tenant's object is then a 404, never a 403 that would leak its
+existence); these classes only say which kind of caller an operation is for.
+"""
+
+from __future__ import annotations
+
+from rest_framework.permissions import BasePermission
+
+
+def is_person(user) -> bool:
+    from identity.models import User
+
+    return isinstance(user, User) and user.is_active
+
+
+class IsPlatformAdmin(BasePermission):
+    """Django staff without a tenant: runs the catalog and the tenants."""
+
+    message = "Only platform admins may do this."
+
+    def has_permission(self, request, view) -> bool:
+        return is_person(request.user) and request.user.is_staff
+
+
+class IsTenantMember(BasePermission):
+    """Any active person of an active tenant."""
+
+    message = "Only people of a tenant may do this."
+
+    def has_permission(self, request, view) -> bool:
+        user = request.user
+        return is_person(user) and user.tenant_id is not None and user.tenant.is_active
+
+
+class IsTenantManager(IsTenantMember):
+    """A manager of their tenant."""
+
+    message = "Only tenant managers may do this."
+
+    def has_permission(self, request, view) -> bool:
+        return super().has_permission(request, view) and request.user.role == "manager"
+
+
+class IsPerson(BasePermission):
+    """Any authenticated person (not a worker)."""
+
+    def has_permission(self, request, view) -> bool:
+        return is_person(request.user)
