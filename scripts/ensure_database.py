@@ -26,7 +26,9 @@ def main() -> None:
         "password": db.get("PASSWORD") or None,
     }
     with psycopg.connect(dbname="postgres", autocommit=True, **params) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db["NAME"]]).fetchone()
+        exists = conn.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", [db["NAME"]]
+        ).fetchone()
         if exists:
             return
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db["NAME"])))
