@@ -5,6 +5,7 @@ Redis and RabbitMQ on 127.0.0.1). A bad value stops the process at start-up
 with a message naming the variable; see ``common.env``.
 """
 
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -49,6 +50,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves the admin's and the API docs' static files from the application server itself.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -98,6 +101,16 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        if not DEBUG
+        else "django.contrib.staticfiles.storage.StaticFilesStorage"
+    },
+}
+# Development serves straight from the apps' static folders, no collectstatic needed.
+WHITENOISE_USE_FINDERS = DEBUG
 
 # --- Redis: an accelerator only (the outbox wake signal, throttling counters) -------------
 REDIS_URL = env.url("REDIS_URL", default="redis://127.0.0.1:6379/0", schemes=("redis", "rediss"))
@@ -136,6 +149,10 @@ OUTBOX_MAX_ENVELOPE_BYTES = 256 * 1024
 RELAY_ENABLED = env.bool("HUBDOMMED_RELAY", default=False)
 RELAY_SWEEP_INTERVAL = env.float("RELAY_SWEEP_INTERVAL", default=2.0, minimum=0.05)
 RELAY_BATCH_SIZE = env.int("RELAY_BATCH_SIZE", default=500, minimum=1)
+# relay: a row the broker refused on its own waits before its next try, doubling each
+# time up to the cap, so one poison row never keeps the relay busy.
+RELAY_RETRY_BACKOFF = env.float("RELAY_RETRY_BACKOFF", default=1.0, minimum=0)
+RELAY_RETRY_BACKOFF_MAX = env.float("RELAY_RETRY_BACKOFF_MAX", default=300.0, minimum=1)
 
 # --- Background workers -------------------------------------------------------------------
 QUEUES = env.list("QUEUES", default=["critical", "default", "bulk", "maintenance"])
@@ -149,6 +166,28 @@ ACCESS_TOKEN_LIFETIME = timedelta(
 REFRESH_TOKEN_LIFETIME = timedelta(
     seconds=env.int("REFRESH_TOKEN_SECONDS", default=30 * 24 * 3600, minimum=1)
 )
+
+
+def _login_rate(var: str, default: str) -> str:
+    value = env.str(var, default).strip()
+    if not re.fullmatch(r"[1-9][0-9]*/(second|minute|hour|day|s|m|h|d)", value):
+        raise ImproperlyConfigured(f"{var}={value!r} is not a rate like '5/minute'")
+    return value
+
+
+# Login attempts allowed per client address and per email.
+LOGIN_RATE_PER_IP = _login_rate("LOGIN_RATE_PER_IP", "20/minute")
+LOGIN_RATE_PER_EMAIL = _login_rate("LOGIN_RATE_PER_EMAIL", "5/minute")
+# How many proxies in front of the API append to X-Forwarded-For (0: use the peer address).
+TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0, minimum=0)
+
+# --- Jobs -------------------------------------------------------------------------------
+# How long a claim lives without a heartbeat; a worker heartbeats well within it (a third).
+JOB_LEASE_SECONDS = env.int("JOB_LEASE_SECONDS", default=60, minimum=5)
+# Limits on what a job carries (bytes of compact JSON; characters of output kept).
+JOB_PARAMS_MAX_BYTES = env.int("JOB_PARAMS_MAX_BYTES", default=64 * 1024, minimum=2)
+JOB_RESULT_MAX_BYTES = env.int("JOB_RESULT_MAX_BYTES", default=256 * 1024, minimum=2)
+JOB_OUTPUT_TAIL_MAX_CHARS = env.int("JOB_OUTPUT_TAIL_MAX_CHARS", default=16 * 1024, minimum=1)
 
 # --- API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {
