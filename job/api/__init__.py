@@ -1,0 +1,1 @@
+"""The jobs API: people trigger, read and cancel; workers poll, claim and report."""

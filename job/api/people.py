@@ -1,0 +1,137 @@
+"""The jobs API for people of a tenant: trigger, list, read, cancel."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.generics import GenericAPIView
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from common.api import NewestFirstCursorPagination
+from common.errors import InvalidInput, NotFound
+from identity.permissions import IsTenantMember
+from job.api.serializers import ErrorSerializer, JobCreateInput, JobListFilters, JobOutput
+from job.selectors import job_get, job_list
+from job.services import job_cancel, job_create
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_KEY_MAX_LENGTH = 255
+
+
+def _error(description: str) -> OpenApiResponse:
+    return OpenApiResponse(ErrorSerializer, description=description)
+
+
+def idempotency_key_of(request) -> str | None:
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None:
+        return None
+    if not key or len(key) > IDEMPOTENCY_KEY_MAX_LENGTH or not key.isprintable():
+        raise InvalidInput(
+            f"The {IDEMPOTENCY_HEADER} header must be 1 to {IDEMPOTENCY_KEY_MAX_LENGTH} "
+            "printable characters.",
+            code="invalid_idempotency_key",
+        )
+    return key
+
+
+class JobsApi(GenericAPIView):
+    """``/jobs``: the list (GET) and the trigger (POST) share the path."""
+
+    permission_classes = [IsTenantMember]
+    pagination_class = NewestFirstCursorPagination
+    serializer_class = JobOutput
+
+    @extend_schema(
+        operation_id="jobs_list",
+        summary="The tenant's jobs, newest first",
+        parameters=[JobListFilters],
+        responses={200: JobOutput(many=True), 400: _error("A bad filter (`invalid`).")},
+    )
+    def get(self, request):
+        filters = JobListFilters(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        jobs = job_list(tenant=request.user.tenant_id, **filters.as_selector_filters())
+        page = self.paginate_queryset(jobs)
+        return self.get_paginated_response(JobOutput(page, many=True).data)
+
+    @extend_schema(
+        operation_id="jobs_create",
+        summary="Trigger a job",
+        description=(
+            "Creates the job `pending` and records `JobCreated` in the same transaction. "
+            f"With an `{IDEMPOTENCY_HEADER}` header, repeating the request returns the job "
+            "it created (200) instead of creating another."
+        ),
+        parameters=[
+            OpenApiParameter(
+                IDEMPOTENCY_HEADER,
+                str,
+                OpenApiParameter.HEADER,
+                required=False,
+                description="Any string up to 255 characters, unique per request you mean.",
+            )
+        ],
+        request=JobCreateInput,
+        responses={
+            201: JobOutput,
+            200: OpenApiResponse(JobOutput, description="A repeated request: the same job."),
+            400: _error(
+                "`invalid`, `unknown_automation`, `invalid_params`, `params_too_large`, "
+                "`invalid_idempotency_key`."
+            ),
+            409: _error("`automation_inactive`, `idempotency_key_reused`."),
+        },
+    )
+    def post(self, request):
+        data = JobCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        job, created = job_create(
+            tenant=request.user.tenant,
+            automation_id=data.validated_data["automation"],
+            params=data.validated_data["params"],
+            requested_by=request.user,
+            idempotency_key=idempotency_key_of(request),
+        )
+        return Response(
+            JobOutput(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+
+class JobDetailApi(APIView):
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(
+        operation_id="jobs_retrieve",
+        summary="One of the tenant's jobs",
+        responses={200: JobOutput, 404: _error("`job_not_found` (also another tenant's job).")},
+    )
+    def get(self, request, job_id: int):
+        job = job_get(tenant=request.user.tenant_id, job_id=job_id)
+        if job is None:
+            raise NotFound("There is no such job.", code="job_not_found")
+        return Response(JobOutput(job).data)
+
+
+class JobCancelApi(APIView):
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(
+        operation_id="jobs_cancel",
+        summary="Cancel a job",
+        description=(
+            "A pending job is canceled at once. A running job is marked: its worker learns "
+            "it at the next heartbeat, stops and reports, and the job ends `canceled`. "
+            "Asking again changes nothing."
+        ),
+        request=None,
+        responses={
+            200: JobOutput,
+            404: _error("`job_not_found`."),
+            409: _error("`already_finished`."),
+        },
+    )
+    def post(self, request, job_id: int):
+        job = job_cancel(tenant=request.user.tenant_id, job_id=job_id, actor=request.user)
+        return Response(JobOutput(job).data)

@@ -1,0 +1,206 @@
+"""Input validation and representations of jobs. No business rules here."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from job.models import FailureReason, Job, JobStatus
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error format: ``{"error": {"code", "message", "details"}}``."""
+
+    class Body(serializers.Serializer):
+        code = serializers.CharField()
+        message = serializers.CharField()
+        details = serializers.DictField()
+
+    error = Body()
+
+
+# --- people -------------------------------------------------------------------------------
+
+
+class JobCreateInput(serializers.Serializer):
+    automation = serializers.IntegerField(min_value=1)
+    params = serializers.JSONField(
+        required=False,
+        default=dict,
+        help_text="A JSON object; validated against the automation's parameter schema.",
+    )
+
+    def validate_params(self, value):
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("Must be a JSON object.")
+        return value
+
+
+class JobListFilters(serializers.Serializer):
+    status = serializers.CharField(
+        required=False,
+        help_text=f"One status or several, comma-separated: {', '.join(JobStatus.values)}.",
+    )
+    automation = serializers.IntegerField(required=False, min_value=1)
+    created_after = serializers.DateTimeField(
+        required=False, help_text="Jobs created at or after this instant."
+    )
+    created_before = serializers.DateTimeField(
+        required=False, help_text="Jobs created before this instant."
+    )
+
+    def validate_status(self, value: str) -> list[str]:
+        statuses = [part.strip() for part in value.split(",") if part.strip()]
+        unknown = sorted(set(statuses) - set(JobStatus.values))
+        if unknown or not statuses:
+            raise serializers.ValidationError(
+                f"Unknown status {', '.join(unknown) or value!r}; "
+                f"use {', '.join(JobStatus.values)}."
+            )
+        return statuses
+
+    def validate(self, attrs):
+        after, before = attrs.get("created_after"), attrs.get("created_before")
+        if after and before and after >= before:
+            raise serializers.ValidationError(
+                {"created_before": ["Must be later than created_after."]}
+            )
+        return attrs
+
+    def as_selector_filters(self) -> dict:
+        data = self.validated_data
+        return {
+            "statuses": data.get("status"),
+            "automation_id": data.get("automation"),
+            "created_after": data.get("created_after"),
+            "created_before": data.get("created_before"),
+        }
+
+
+class JobOutput(serializers.ModelSerializer):
+    automation = serializers.IntegerField(source="automation_id")
+    requested_by = serializers.IntegerField(
+        source="requested_by_id", allow_null=True, help_text="The id of the person who asked."
+    )
+    cancel_requested = serializers.BooleanField()
+    result = serializers.JSONField(allow_null=True)
+    params = serializers.JSONField()
+    progress = serializers.JSONField(allow_null=True)
+
+    class Meta:
+        model = Job
+        fields = (
+            "id",
+            "automation",
+            "status",
+            "params",
+            "requested_by",
+            "attempt",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "last_heartbeat_at",
+            "cancel_requested",
+            "cancel_requested_at",
+            "progress",
+            "result",
+            "error",
+            "failure_reason",
+            "exit_code",
+            "output_tail",
+            "updated_at",
+        )
+        read_only_fields = fields
+
+
+# --- workers ------------------------------------------------------------------------------
+
+
+class PollFilters(serializers.Serializer):
+    limit = serializers.IntegerField(required=False, default=20, min_value=1, max_value=100)
+
+
+class PendingJobOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Job
+        fields = ("id", "created_at")
+        read_only_fields = fields
+
+
+class ClaimedJobOutput(serializers.ModelSerializer):
+    """The job as its worker sees it: what to run and the claim to report with."""
+
+    automation = serializers.IntegerField(source="automation_id")
+    params = serializers.JSONField()
+    cancel_requested = serializers.BooleanField()
+
+    class Meta:
+        model = Job
+        fields = (
+            "id",
+            "automation",
+            "status",
+            "params",
+            "attempt",
+            "claim_token",
+            "lease_expires_at",
+            "cancel_requested",
+            "started_at",
+            "last_heartbeat_at",
+            "finished_at",
+        )
+        read_only_fields = fields
+
+
+class _ClaimInput(serializers.Serializer):
+    claim_token = serializers.UUIDField(help_text="The token the claim (start) returned.")
+
+
+@extend_schema_field({"description": "Any JSON value."})
+class AnyJSONField(serializers.JSONField):
+    pass
+
+
+class HeartbeatInput(_ClaimInput):
+    progress = AnyJSONField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Optional progress to show people (any JSON; replaces the previous one).",
+    )
+
+
+class HeartbeatOutput(serializers.ModelSerializer):
+    cancel_requested = serializers.BooleanField(
+        help_text="True when someone asked to cancel: stop the command and report fail."
+    )
+
+    class Meta:
+        model = Job
+        fields = ("id", "status", "cancel_requested", "lease_expires_at", "last_heartbeat_at")
+        read_only_fields = fields
+
+
+class CompleteInput(_ClaimInput):
+    result = AnyJSONField(required=False, allow_null=True, default=None)
+
+
+class FailInput(_ClaimInput):
+    error = serializers.CharField(max_length=10_000, allow_blank=True, trim_whitespace=False)
+    output_tail = serializers.CharField(
+        required=False,
+        default="",
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text="The end of the command's output; only the last "
+        f"{settings.JOB_OUTPUT_TAIL_MAX_CHARS} characters are kept.",
+    )
+    exit_code = serializers.IntegerField(required=False, allow_null=True, default=None)
+    reason = serializers.ChoiceField(
+        choices=[FailureReason.ERROR, FailureReason.EXIT_CODE, FailureReason.TIMEOUT],
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Defaults to exit_code when exit_code is non-zero, else error.",
+    )

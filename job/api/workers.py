@@ -1,0 +1,133 @@
+"""The jobs API for an automation's worker: poll, claim, heartbeat, report.
+
+Authenticated by the worker's own credential only, and limited to the worker's
+automation: another automation's job is a 404, as if it did not exist.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from automation.authentication import WorkerAuthentication
+from job.api.serializers import (
+    ClaimedJobOutput,
+    CompleteInput,
+    ErrorSerializer,
+    FailInput,
+    HeartbeatInput,
+    HeartbeatOutput,
+    PendingJobOutput,
+    PollFilters,
+)
+from job.selectors import jobs_pending_for
+from job.services import job_claim, job_complete, job_fail, job_heartbeat
+
+_NOT_FOUND = OpenApiResponse(
+    ErrorSerializer, description="`job_not_found` (also another automation's job)."
+)
+_REPORT_CONFLICTS = OpenApiResponse(
+    ErrorSerializer,
+    description=(
+        "`stale_claim` (not the job's current claim), `already_finished` (the job ended "
+        "otherwise), `not_running`. Nothing changes."
+    ),
+)
+
+
+class WorkerApi(APIView):
+    # The worker credential is the only way in, so an authenticated caller is a worker.
+    authentication_classes = [WorkerAuthentication]
+    permission_classes = [IsAuthenticated]
+
+
+class WorkerJobPollApi(WorkerApi):
+    @extend_schema(
+        operation_id="worker_jobs_pending",
+        summary="The worker's poll: its automation's pending jobs, oldest first",
+        parameters=[PollFilters],
+        responses={200: PendingJobOutput(many=True)},
+    )
+    def get(self, request):
+        filters = PollFilters(data=request.query_params)
+        filters.is_valid(raise_exception=True)
+        jobs = jobs_pending_for(
+            automation_id=request.user.automation_id, limit=filters.validated_data["limit"]
+        )
+        return Response(PendingJobOutput(jobs, many=True).data)
+
+
+class JobStartApi(WorkerApi):
+    @extend_schema(
+        operation_id="jobs_start",
+        summary="Claim a pending job",
+        description=(
+            "Succeeds only when the job is pending and the automation runs fewer jobs than "
+            "its limit. The answer carries the claim token to heartbeat and report with and "
+            "the lease's expiry: heartbeat well before it (every third of the lease)."
+        ),
+        request=None,
+        responses={
+            200: ClaimedJobOutput,
+            404: _NOT_FOUND,
+            409: OpenApiResponse(
+                ErrorSerializer,
+                description=(
+                    "An expected refusal: `already_claimed`, `concurrency_limit` or `not_pending`."
+                ),
+            ),
+        },
+    )
+    def post(self, request, job_id: int):
+        job = job_claim(worker=request.user, job_id=job_id)
+        return Response(ClaimedJobOutput(job).data)
+
+
+class JobHeartbeatApi(WorkerApi):
+    @extend_schema(
+        operation_id="jobs_heartbeat",
+        summary="Extend the claim's lease",
+        description="The answer's `cancel_requested` tells the worker to stop and report.",
+        request=HeartbeatInput,
+        responses={200: HeartbeatOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
+    )
+    def post(self, request, job_id: int):
+        data = HeartbeatInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = job_heartbeat(worker=request.user, job_id=job_id, **data.validated_data)
+        return Response(HeartbeatOutput(job).data)
+
+
+class JobCompleteApi(WorkerApi):
+    @extend_schema(
+        operation_id="jobs_complete",
+        summary="Report success",
+        description="Repeating the same report returns the job unchanged.",
+        request=CompleteInput,
+        responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
+    )
+    def post(self, request, job_id: int):
+        data = CompleteInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = job_complete(worker=request.user, job_id=job_id, **data.validated_data)
+        return Response(ClaimedJobOutput(job).data)
+
+
+class JobFailApi(WorkerApi):
+    @extend_schema(
+        operation_id="jobs_fail",
+        summary="Report failure",
+        description=(
+            "Ends the job `failed`, or `canceled` when a cancellation was requested. "
+            "Repeating the same report returns the job unchanged."
+        ),
+        request=FailInput,
+        responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
+    )
+    def post(self, request, job_id: int):
+        data = FailInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        job = job_fail(worker=request.user, job_id=job_id, **data.validated_data)
+        return Response(ClaimedJobOutput(job).data)

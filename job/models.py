@@ -1,0 +1,326 @@
+"""The job: one execution of an automation, from the request to its end.
+
+The ``Job`` aggregate owns its transitions (``start``, ``heartbeat``, ``complete``,
+``fail``, ``request_cancel``, ``requeue``). Each checks the current state first,
+raises ``Conflict`` with a stable code when the move is illegal, changes the
+instance in memory and returns the domain event it causes (or ``None`` when the
+call repeats what already happened). ``job.services`` locks the row, calls the
+transition, saves and records the event in one transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from common.errors import Conflict
+from outbox.models import jsonb_typeof_is
+
+
+class JobStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED)
+
+
+class FailureReason(models.TextChoices):
+    ERROR = "error"  # the worker reported an error
+    EXIT_CODE = "exit_code"  # the command ended with a non-zero exit code
+    TIMEOUT = "timeout"  # the command ran past the automation's timeout
+    WORKER_LOST = "worker_lost"  # the lease expired: the worker stopped heartbeating
+    CANCELED = "canceled"  # the worker stopped because a cancellation was requested
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """A domain event a transition caused, to be recorded with it."""
+
+    name: str
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+class Job(models.Model):
+    Status = JobStatus
+    FailureReason = FailureReason
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey("identity.Tenant", on_delete=models.PROTECT, related_name="+")
+    automation = models.ForeignKey(
+        "automation.Automation", on_delete=models.PROTECT, related_name="+"
+    )
+    # Null only for jobs the hub starts itself (none yet); people always leave their name.
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.PROTECT, related_name="+"
+    )
+    status = models.TextField(choices=JobStatus.choices, default=JobStatus.PENDING)
+    params = models.JSONField(default=dict)
+    # The caller's Idempotency-Key: a retried request returns the job it created.
+    idempotency_key = models.TextField(null=True, blank=True)
+    # How many times the job was claimed (1 on the first start).
+    attempt = models.PositiveIntegerField(default=0)
+    # The current claim: only the worker holding it may heartbeat and report. Kept after
+    # the end so that a repeated report can be recognized.
+    claim_token = models.UUIDField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    progress = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    failure_reason = models.TextField(choices=FailureReason.choices, blank=True, default="")
+    exit_code = models.IntegerField(null=True, blank=True)
+    # The end of the command's output (the last JOB_OUTPUT_TAIL_MAX_CHARS characters).
+    output_tail = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "jobs"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=JobStatus.values), name="jobs_status_check"
+            ),
+            models.CheckConstraint(
+                condition=Q(failure_reason="") | Q(failure_reason__in=FailureReason.values),
+                name="jobs_failure_reason_check",
+            ),
+            models.CheckConstraint(
+                condition=jsonb_typeof_is("params", "object"), name="jobs_params_check"
+            ),
+            # A running job always has a claim and a lease: the worker-lost monitor relies on it.
+            models.CheckConstraint(
+                condition=~Q(status=JobStatus.RUNNING)
+                | Q(claim_token__isnull=False, lease_expires_at__isnull=False),
+                name="jobs_running_has_claim_check",
+            ),
+            # job_create catches the violation of this one to answer a concurrent retry.
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="jobs_tenant_idempotency_key_key",
+            ),
+        ]
+        indexes = [
+            # GET /jobs: a tenant's jobs newest first, keyset-paginated on (created_at, id).
+            models.Index(
+                F("tenant"), F("created_at").desc(), F("id").desc(), name="jobs_tenant_recent_idx"
+            ),
+            # The worker's poll: an automation's pending jobs, oldest first. Partial, so it
+            # holds only what waits, however long the history grows.
+            models.Index(
+                fields=["automation", "created_at", "id"],
+                condition=Q(status=JobStatus.PENDING),
+                name="jobs_pending_poll_idx",
+            ),
+            # The claim counts an automation's running jobs (index-only on this one); the
+            # stuck-job monitor scans running jobs by lease expiry.
+            models.Index(
+                fields=["automation"],
+                condition=Q(status=JobStatus.RUNNING),
+                name="jobs_running_idx",
+            ),
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(status=JobStatus.RUNNING),
+                name="jobs_running_lease_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.pk} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self.cancel_requested_at is not None
+
+    # --- events -----------------------------------------------------------------------
+
+    def _event(self, name: str, **extra: Any) -> JobEvent:
+        # job_id and automation_id are ints: the automation's own queue is routed by them.
+        return JobEvent(
+            name, {"job_id": int(self.pk), "automation_id": int(self.automation_id), **extra}
+        )
+
+    def created_event(self) -> JobEvent:
+        return self._event(
+            "JobCreated",
+            tenant_id=int(self.tenant_id),
+            requested_by=self.requested_by_id,
+            created_at=self.created_at.isoformat(),
+        )
+
+    # --- transitions ------------------------------------------------------------------
+
+    def start(
+        self,
+        *,
+        worker: Any,
+        lease: timedelta,
+        now: datetime,
+        running: int,
+        max_concurrency: int,
+    ) -> JobEvent:
+        """The claim: ``running`` is the automation's count of running jobs, read under
+        the automation's claim lock, so the limit holds whatever the interleaving."""
+        if self.status == JobStatus.RUNNING:
+            raise Conflict("Another worker already claimed this job.", code="already_claimed")
+        if self.status != JobStatus.PENDING:
+            raise Conflict(
+                "The job is not pending.", code="not_pending", details={"status": self.status}
+            )
+        if running >= max_concurrency:
+            raise Conflict(
+                "The automation is running as many jobs as it may at once.",
+                code="concurrency_limit",
+                details={"running": running, "max_concurrency": max_concurrency},
+            )
+        self.status = JobStatus.RUNNING
+        self.attempt += 1
+        self.claim_token = uuid.uuid4()
+        self.started_at = now
+        self.last_heartbeat_at = now
+        self.lease_expires_at = now + lease
+        self.progress = None
+        return self._event(
+            "JobStarted",
+            worker_id=int(worker.pk),
+            attempt=self.attempt,
+            lease_expires_at=self.lease_expires_at.isoformat(),
+        )
+
+    def check_claim(self, claim_token: uuid.UUID) -> None:
+        """Only the worker holding the current claim may act on the job."""
+        if self.claim_token is None or self.claim_token != claim_token:
+            raise Conflict(
+                "This claim is not the job's current claim.",
+                code="stale_claim",
+            )
+
+    def heartbeat(
+        self, *, claim_token: uuid.UUID, lease: timedelta, now: datetime, progress: Any = None
+    ) -> None:
+        self.check_claim(claim_token)
+        self._require_running()
+        self.last_heartbeat_at = now
+        self.lease_expires_at = now + lease
+        if progress is not None:
+            self.progress = progress
+
+    def complete(self, *, claim_token: uuid.UUID, result: Any, now: datetime) -> JobEvent | None:
+        self.check_claim(claim_token)
+        if self.status == JobStatus.SUCCEEDED and self.result == result:
+            return None  # the same report again (a retried request)
+        self._require_running()
+        self.status = JobStatus.SUCCEEDED
+        self.result = result
+        self._finish(now)
+        return self._event("JobCompleted", attempt=self.attempt)
+
+    def fail(
+        self,
+        *,
+        reason: str,
+        now: datetime,
+        error: str = "",
+        output_tail: str = "",
+        exit_code: int | None = None,
+        claim_token: uuid.UUID | None = None,
+    ) -> JobEvent | None:
+        """A worker's failure report (with its ``claim_token``), or the hub's own verdict
+        (``claim_token=None``: the stuck-job monitor's ``worker_lost``).
+
+        When a cancellation was requested the job ends ``canceled``: the worker stopped
+        because it was asked to.
+        """
+        if claim_token is not None:
+            self.check_claim(claim_token)
+            if (
+                self.status in (JobStatus.FAILED, JobStatus.CANCELED)
+                and self.error == error
+                and self.exit_code == exit_code
+            ):
+                return None  # the same report again
+        self._require_running()
+        self.error = error
+        self.output_tail = output_tail
+        self.exit_code = exit_code
+        self._finish(now)
+        if self.cancel_requested:
+            self.status = JobStatus.CANCELED
+            self.failure_reason = FailureReason.CANCELED
+            return self._event("JobCanceled", attempt=self.attempt, was=JobStatus.RUNNING.value)
+        self.status = JobStatus.FAILED
+        self.failure_reason = reason
+        return self._event(
+            "JobFailed", attempt=self.attempt, failure_reason=reason, exit_code=exit_code
+        )
+
+    def request_cancel(self, *, now: datetime) -> JobEvent | None:
+        """A pending job is canceled at once; a running one is marked, and its worker
+        learns it at its next heartbeat. Asking again changes nothing."""
+        if self.status == JobStatus.PENDING:
+            self.status = JobStatus.CANCELED
+            self.cancel_requested_at = now
+            self.failure_reason = FailureReason.CANCELED
+            self.finished_at = now
+            return self._event("JobCanceled", attempt=self.attempt, was=JobStatus.PENDING.value)
+        if self.status == JobStatus.RUNNING:
+            if self.cancel_requested_at is None:
+                self.cancel_requested_at = now
+            return None
+        if self.status == JobStatus.CANCELED:
+            return None
+        raise Conflict(
+            "The job has already finished.",
+            code="already_finished",
+            details={"status": self.status},
+        )
+
+    def requeue(self, *, now: datetime) -> None:
+        """Put a running job whose worker was lost back in the queue for another attempt.
+
+        No event: the job is pending again as it was after JobCreated, and its next
+        start records JobStarted with the new attempt number.
+        """
+        self._require_running()
+        self.status = JobStatus.PENDING
+        self.claim_token = None
+        self.lease_expires_at = None
+        self.started_at = None
+        self.last_heartbeat_at = None
+        self.progress = None
+
+    def _require_running(self) -> None:
+        if self.status == JobStatus.RUNNING:
+            return
+        if self.is_finished:
+            raise Conflict(
+                "The job has already finished.",
+                code="already_finished",
+                details={"status": self.status},
+            )
+        raise Conflict(
+            "The job is not running.", code="not_running", details={"status": self.status}
+        )
+
+    def _finish(self, now: datetime) -> None:
+        self.finished_at = now
+        self.lease_expires_at = None

@@ -1,0 +1,52 @@
+"""Reads of jobs, for this module's API and for other modules."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet
+
+from job.models import Job, JobStatus
+
+
+def job_list(
+    *,
+    tenant: Any,
+    statuses: list[str] | None = None,
+    automation_id: int | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+) -> QuerySet[Job]:
+    """A tenant's jobs, newest first (served by ``jobs_tenant_recent_idx``)."""
+    queryset = Job.objects.filter(tenant=tenant)
+    if statuses:
+        queryset = queryset.filter(status__in=statuses)
+    if automation_id is not None:
+        queryset = queryset.filter(automation_id=automation_id)
+    if created_after is not None:
+        queryset = queryset.filter(created_at__gte=created_after)
+    if created_before is not None:
+        queryset = queryset.filter(created_at__lt=created_before)
+    return queryset.order_by("-created_at", "-id")
+
+
+def job_get(*, tenant: Any, job_id: int) -> Job | None:
+    """One of the tenant's jobs; another tenant's job is as absent as a missing one."""
+    return Job.objects.filter(tenant=tenant, pk=job_id).first()
+
+
+def jobs_pending_for(*, automation_id: int, limit: int) -> list[Job]:
+    """The worker's poll: the automation's pending jobs, oldest first.
+
+    Reads only what ``jobs_pending_poll_idx`` holds, so it is an index-only scan.
+    """
+    return list(
+        Job.objects.filter(automation_id=automation_id, status=JobStatus.PENDING)
+        .order_by("created_at", "id")
+        .only("id", "automation_id", "created_at")[:limit]
+    )
+
+
+def running_count(*, automation_id: int) -> int:
+    return Job.objects.filter(automation_id=automation_id, status=JobStatus.RUNNING).count()

@@ -1,0 +1,327 @@
+"""Use cases of jobs: each one transaction, with the events it causes.
+
+Every transition loads the job with its row locked, lets the aggregate check and
+change it, saves it and records the event on the tenant's outbox before the
+commit. The claim also takes the automation's claim lock first, so that the
+count of running jobs it compares with the limit cannot change under it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import jsonschema
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from automation.selectors import automation_get
+from common.errors import Conflict, InvalidInput, NotFound
+from job.models import Job, JobEvent, JobStatus
+from job.selectors import running_count
+from job.workers import worker_touch
+from outbox.services import publish
+
+logger = logging.getLogger("hubdommed.job")
+
+# Advisory-lock namespace of job claims (the first key of pg_advisory_xact_lock(int, int)).
+CLAIM_LOCK_NAMESPACE = 0x6A6F62  # "job"
+
+# Columns a transition may change; saved together by one conditional UPDATE.
+_STATE_FIELDS = (
+    "status",
+    "attempt",
+    "claim_token",
+    "lease_expires_at",
+    "cancel_requested_at",
+    "progress",
+    "result",
+    "error",
+    "failure_reason",
+    "exit_code",
+    "output_tail",
+    "started_at",
+    "finished_at",
+    "last_heartbeat_at",
+)
+
+
+def lease_length() -> timedelta:
+    return timedelta(seconds=settings.JOB_LEASE_SECONDS)
+
+
+# --- people -----------------------------------------------------------------------------
+
+
+@transaction.atomic
+def job_create(
+    *,
+    tenant: Any,
+    automation_id: int,
+    params: dict[str, Any],
+    requested_by: Any,
+    idempotency_key: str | None = None,
+) -> tuple[Job, bool]:
+    """Create a pending job and record JobCreated. Returns ``(job, created)``.
+
+    With an ``idempotency_key`` already used by the tenant, returns that job and
+    ``created=False`` (when the request is the same one; another request is refused).
+    """
+    if idempotency_key is not None:
+        existing = Job.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return _replayed(existing, automation_id=automation_id, params=params), False
+
+    automation = automation_get(automation_id)
+    if automation is None:
+        raise InvalidInput(
+            "There is no such automation.",
+            code="unknown_automation",
+            details={"automation": ["There is no such automation."]},
+        )
+    if not automation.is_active:
+        raise Conflict("The automation is inactive.", code="automation_inactive")
+    _validate_params(params, schema=automation.params_schema)
+
+    now = timezone.now()
+    job = Job(
+        tenant=tenant,
+        automation_id=automation.id,
+        requested_by=requested_by,
+        params=params,
+        idempotency_key=idempotency_key,
+        created_at=now,
+        updated_at=now,
+    )
+    try:
+        # A savepoint: a concurrent request with the same key makes this insert fail
+        # (it waits for the other to commit); the rest of the transaction carries on.
+        with transaction.atomic():
+            job.save(force_insert=True)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = Job.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _replayed(existing, automation_id=automation_id, params=params), False
+
+    _record(job, job.created_event(), actor=requested_by)
+    return job, True
+
+
+def _replayed(job: Job, *, automation_id: int, params: dict[str, Any]) -> Job:
+    if job.automation_id != automation_id or job.params != params:
+        raise Conflict(
+            "This idempotency key was used for another request.",
+            code="idempotency_key_reused",
+            details={"job": job.pk},
+        )
+    return job
+
+
+def _validate_params(params: Any, *, schema: dict[str, Any] | None) -> None:
+    if not isinstance(params, dict):
+        raise InvalidInput(
+            "The parameters must be a JSON object.",
+            code="invalid_params",
+            details={"params": ["Must be a JSON object."]},
+        )
+    size = json_size(params)
+    if size > settings.JOB_PARAMS_MAX_BYTES:
+        raise InvalidInput(
+            f"The parameters take {size} bytes; the limit is {settings.JOB_PARAMS_MAX_BYTES}.",
+            code="params_too_large",
+            details={"params": [f"At most {settings.JOB_PARAMS_MAX_BYTES} bytes of JSON."]},
+        )
+    if schema is None:
+        return
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        validator_class.check_schema(schema)
+    except jsonschema.SchemaError:
+        logger.error("automation parameter schema is not a valid JSON Schema")
+        raise Conflict(
+            "The automation's parameter schema is broken; nothing can be started until "
+            "it is fixed.",
+            code="automation_misconfigured",
+        ) from None
+    errors = sorted(
+        validator_class(schema).iter_errors(params), key=lambda error: list(error.absolute_path)
+    )
+    if errors:
+        raise InvalidInput(
+            "The parameters do not match the automation's schema.",
+            code="invalid_params",
+            details={
+                "params": [
+                    f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
+                    for error in errors[:20]
+                ]
+            },
+        )
+
+
+def json_size(value: Any) -> int:
+    """Bytes of ``value`` as compact JSON: what the limits count."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+@transaction.atomic
+def job_cancel(*, tenant: Any, job_id: int, actor: Any) -> Job:
+    """Cancel a pending job at once, or ask the worker of a running one to stop."""
+    job = _locked(Job.objects.filter(tenant=tenant), job_id)
+    was = job.status
+    event = job.request_cancel(now=timezone.now())
+    _save(job, was=was)
+    if event is not None:
+        _record(job, event, actor=actor)
+    return job
+
+
+# --- workers ----------------------------------------------------------------------------
+
+
+def job_claim(*, worker: Any, job_id: int, lease: timedelta | None = None) -> Job:
+    """The worker claims a pending job of its automation; refusals are expected (409)."""
+    try:
+        job = _claim(worker=worker, job_id=job_id, lease=lease or lease_length())
+    except Conflict as refusal:
+        # A refused claim is the protocol working, not a failure.
+        logger.info("claim of job %s by worker %s refused: %s", job_id, worker.pk, refusal.code)
+        raise
+    worker_touch(worker_id=worker.pk)
+    return job
+
+
+@transaction.atomic
+def _claim(*, worker: Any, job_id: int, lease: timedelta) -> Job:
+    automation_id = worker.automation_id
+    lock_claims_of(automation_id)
+    job = _locked(Job.objects.filter(automation_id=automation_id), job_id)
+    automation = automation_get(automation_id)
+    running = running_count(automation_id=automation_id)
+    event = job.start(
+        worker=worker,
+        lease=lease,
+        now=timezone.now(),
+        running=running,
+        max_concurrency=automation.max_concurrency,
+    )
+    _save(job, was=JobStatus.PENDING)
+    _record(job, event, actor=worker)
+    return job
+
+
+def lock_claims_of(automation_id: int) -> None:
+    """Serialize the claims of one automation until the transaction ends.
+
+    An advisory lock rather than a row lock on ``automations``: it keeps the claim out
+    of the catalog's table (whose row locks the catalog's own writes take) and never
+    blocks the inserts of new jobs, whose foreign-key checks share-lock that row. Two
+    automations whose ids collide in the 31-bit key only share a lock: slower, never
+    wrong.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(%s, %s)",
+            [CLAIM_LOCK_NAMESPACE, automation_id % 2**31],
+        )
+
+
+@transaction.atomic
+def job_heartbeat(*, worker: Any, job_id: int, claim_token: uuid.UUID, progress: Any = None) -> Job:
+    """Extend the claim's lease; the answer tells the worker whether to stop."""
+    job = _locked(Job.objects.filter(automation_id=worker.automation_id), job_id)
+    job.heartbeat(
+        claim_token=claim_token, lease=lease_length(), now=timezone.now(), progress=progress
+    )
+    _save(job, was=JobStatus.RUNNING)
+    # After the commit: the worker's row is not part of the job's transaction.
+    transaction.on_commit(lambda: worker_touch(worker_id=worker.pk))
+    return job
+
+
+@transaction.atomic
+def job_complete(*, worker: Any, job_id: int, claim_token: uuid.UUID, result: Any) -> Job:
+    _require_size("result", result, settings.JOB_RESULT_MAX_BYTES)
+    job = _locked(Job.objects.filter(automation_id=worker.automation_id), job_id)
+    was = job.status
+    event = job.complete(claim_token=claim_token, result=result, now=timezone.now())
+    if event is not None:
+        _save(job, was=was)
+        _record(job, event, actor=worker)
+    return job
+
+
+@transaction.atomic
+def job_fail(
+    *,
+    worker: Any,
+    job_id: int,
+    claim_token: uuid.UUID,
+    error: str,
+    output_tail: str = "",
+    exit_code: int | None = None,
+    reason: str | None = None,
+) -> Job:
+    """The worker's failure report. ``reason`` defaults to ``exit_code`` when the command
+    ended with a non-zero code, else ``error``; a worker may say ``timeout``."""
+    if reason is None:
+        reason = Job.FailureReason.EXIT_CODE if exit_code else Job.FailureReason.ERROR
+    job = _locked(Job.objects.filter(automation_id=worker.automation_id), job_id)
+    was = job.status
+    event = job.fail(
+        reason=reason,
+        now=timezone.now(),
+        error=error,
+        output_tail=output_tail[-settings.JOB_OUTPUT_TAIL_MAX_CHARS :],
+        exit_code=exit_code,
+        claim_token=claim_token,
+    )
+    if event is not None:
+        _save(job, was=was)
+        _record(job, event, actor=worker)
+    return job
+
+
+# --- plumbing -----------------------------------------------------------------------------
+
+
+def _locked(queryset, job_id: int) -> Job:
+    """The job, its row locked until the transaction ends; 404 outside the queryset's scope."""
+    job = queryset.select_for_update(of=("self",)).filter(pk=job_id).first()
+    if job is None:
+        raise NotFound("There is no such job.", code="job_not_found")
+    return job
+
+
+def _save(job: Job, *, was: str) -> None:
+    """Write the transition, on the condition that the status is still the one it left.
+
+    The row is locked, so the condition always holds; it is the guard that would turn a
+    future path that forgot the lock into a refusal instead of a lost update.
+    """
+    job.updated_at = timezone.now()
+    values = {name: getattr(job, name) for name in (*_STATE_FIELDS, "updated_at")}
+    changed = Job.objects.filter(pk=job.pk, status=was).update(**values)
+    if changed != 1:
+        raise Conflict("The job changed while this request ran.", code="concurrent_change")
+
+
+def _record(job: Job, event: JobEvent, *, actor: Any) -> None:
+    publish(event.name, event.payload, tenant=job.tenant_id, aggregate=job, actor=actor)
+
+
+def _require_size(name: str, value: Any, limit: int) -> None:
+    size = json_size(value)
+    if size > limit:
+        raise InvalidInput(
+            f"The {name} takes {size} bytes; the limit is {limit}.",
+            code=f"{name}_too_large",
+            details={name: [f"At most {limit} bytes of JSON."]},
+        )

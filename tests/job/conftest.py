@@ -1,0 +1,42 @@
+"""Fixtures of the jobs tests: a tenant's person, an automation and its worker."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from tests.factories import UserFactory
+from tests.job.factories import AutomationFactory, WorkerFactory
+from tests.job.support import worker_client
+
+
+@pytest.fixture
+def automation(db):
+    return AutomationFactory()
+
+
+@pytest.fixture
+def worker(automation):
+    return WorkerFactory(automation=automation)
+
+
+@pytest.fixture
+def other_worker(db):
+    return WorkerFactory()
+
+
+@pytest.fixture
+def person_client(user):
+    client = APIClient()
+    client.force_authenticate(user)
+    return client
+
+
+@pytest.fixture
+def worker_api(worker):
+    return worker_client(worker)
+
+
+@pytest.fixture
+def other_person(other_tenant):
+    return UserFactory(tenant=other_tenant)
