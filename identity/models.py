@@ -6,10 +6,17 @@ keeps every row that points at them (jobs, events) meaningful.
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
+
 from django.contrib.auth.base_user import AbstractBaseUser, BaseUserManager
 from django.contrib.auth.models import PermissionsMixin
 from django.db import models
+from django.db.models import Q
 from django.db.models.functions import Lower
+from django.utils import timezone
+
+from common.errors import Conflict
 
 
 class Tenant(models.Model):
@@ -21,6 +28,7 @@ class Tenant(models.Model):
     is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    deactivated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "tenants"
@@ -28,6 +36,17 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def rename(self, *, name: str) -> None:
+        if not self.is_active:
+            raise Conflict("A deactivated tenant cannot be renamed.", code="tenant_inactive")
+        self.name = name
+
+    def deactivate(self, *, now: datetime | None = None) -> None:
+        if not self.is_active:
+            raise Conflict("The tenant is already deactivated.", code="already_inactive")
+        self.is_active = False
+        self.deactivated_at = now or timezone.now()
 
 
 class UserManager(BaseUserManager):
@@ -102,3 +121,78 @@ class User(AbstractBaseUser, PermissionsMixin):
     @property
     def is_platform_admin(self) -> bool:
         return self.is_active and self.is_staff
+
+    @property
+    def may_log_in(self) -> bool:
+        """Active, and (for tenant users) of an active tenant."""
+        return self.is_active and (self.tenant_id is None or self.tenant.is_active)
+
+    def deactivate(self, *, now: datetime | None = None) -> None:
+        if not self.is_active:
+            raise Conflict("The user is already deactivated.", code="already_inactive")
+        self.is_active = False
+        self.deactivated_at = now or timezone.now()
+
+
+class RevokeReason(models.TextChoices):
+    LOGOUT = "logout", "Logged out"
+    REUSE_DETECTED = "reuse_detected", "A rotated token was presented again"
+    USER_DEACTIVATED = "user_deactivated", "The user was deactivated"
+    TENANT_DEACTIVATED = "tenant_deactivated", "The tenant was deactivated"
+
+
+class RefreshToken(models.Model):
+    """One opaque refresh token, stored only as its SHA-256.
+
+    Every login starts a *family*; each refresh marks the presented token used and
+    issues its successor in the same family. A used token presented again means
+    someone else holds a copy, so the whole family is revoked.
+    """
+
+    RevokeReason = RevokeReason
+
+    id = models.BigAutoField(primary_key=True)
+    user = models.ForeignKey(User, on_delete=models.PROTECT, related_name="refresh_tokens")
+    family = models.UUIDField(default=uuid.uuid4)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    # Set when the token was exchanged for its successor (``replaced_by``).
+    used_at = models.DateTimeField(null=True, blank=True)
+    replaced_by = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="replaces"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoke_reason = models.CharField(
+        max_length=32, choices=RevokeReason.choices, blank=True, default=""
+    )
+
+    class Meta:
+        db_table = "refresh_tokens"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(revoked_at__isnull=True, revoke_reason="")
+                | Q(revoked_at__isnull=False, revoke_reason__in=RevokeReason.values),
+                name="refresh_tokens_revoke_reason_check",
+            ),
+            models.CheckConstraint(
+                condition=Q(used_at__isnull=True) | Q(replaced_by__isnull=False),
+                name="refresh_tokens_used_has_successor_check",
+            ),
+        ]
+        indexes = [
+            # Revoking a family on reuse or logout.
+            models.Index(fields=["family"], name="refresh_tokens_family_idx"),
+            # Revoking every live token of a user (or a tenant's users) on deactivation.
+            models.Index(
+                fields=["user"],
+                condition=Q(revoked_at__isnull=True),
+                name="refresh_tokens_user_live_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"refresh token {self.pk} of user {self.user_id}"
+
+    def is_expired(self, now: datetime) -> bool:
+        return self.expires_at <= now

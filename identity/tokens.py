@@ -6,6 +6,8 @@ services); access tokens are never stored, so they are kept short.
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +17,7 @@ from django.conf import settings
 from django.utils import timezone
 
 ALGORITHM = "HS256"
+REFRESH_TOKEN_PREFIX = "hdr_"  # noqa: S105 (a prefix that makes leaked tokens easy to spot)
 TOKEN_TYPE = "access"  # noqa: S105 (a claim value, not a secret)
 
 
@@ -65,3 +68,13 @@ def decode_access_token(token: str) -> dict:
 
 def _key() -> str:
     return settings.ACCESS_TOKEN_SIGNING_KEY
+
+
+def new_refresh_token() -> str:
+    """A fresh opaque refresh token (256 bits from ``secrets``); only its hash is stored."""
+    return REFRESH_TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def hash_refresh_token(token: str) -> str:
+    # A plain SHA-256 is enough: the token is random, so there is nothing to brute-force.
+    return hashlib.sha256(token.encode()).hexdigest()

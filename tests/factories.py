@@ -38,3 +38,14 @@ class PlatformAdminFactory(UserFactory):
     tenant = None
     is_staff = True
     is_superuser = True
+
+
+class ManagerFactory(UserFactory):
+    role = User.Role.MANAGER
+
+
+def bearer(user: User) -> str:
+    """An ``Authorization`` header value for ``user``, without going through login."""
+    from identity.tokens import issue_access_token
+
+    return f"Bearer {issue_access_token(user).token}"

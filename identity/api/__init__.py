@@ -1,0 +1,1 @@
+"""The identity API: sessions (auth), tenants and users."""

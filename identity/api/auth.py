@@ -1,0 +1,117 @@
+"""Sessions: login, refresh, logout, and who the caller is."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from identity import services
+from identity.api.common import validated
+from identity.api.serializers import (
+    ErrorSerializer,
+    LoginRequestSerializer,
+    MeSerializer,
+    RefreshRequestSerializer,
+    TokenPairSerializer,
+)
+from identity.permissions import IsPerson
+from identity.throttling import LoginRateByAddress, LoginRateByEmail
+
+TAG = "auth"
+
+
+def _token_pair_response(pair: services.TokenPair) -> Response:
+    body = {
+        "token_type": "Bearer",
+        "access_token": pair.access_token,
+        "access_token_expires_at": pair.access_token_expires_at,
+        "expires_in": max(0, int((pair.access_token_expires_at - timezone.now()).total_seconds())),
+        "refresh_token": pair.refresh_token,
+        "refresh_token_expires_at": pair.refresh_token_expires_at,
+    }
+    response = Response(TokenPairSerializer(body).data)
+    # Tokens must not be kept by caches along the way.
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+class LoginApi(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+    throttle_classes = [LoginRateByAddress, LoginRateByEmail]
+
+    @extend_schema(
+        tags=[TAG],
+        auth=[],
+        request=LoginRequestSerializer,
+        responses={
+            200: TokenPairSerializer,
+            401: OpenApiResponse(
+                ErrorSerializer, description="Wrong email or password (one error for both)."
+            ),
+            403: OpenApiResponse(
+                ErrorSerializer, description="The account or its tenant is deactivated."
+            ),
+            429: OpenApiResponse(
+                ErrorSerializer, description="Too many attempts; see Retry-After."
+            ),
+        },
+        summary="Log in with email and password",
+    )
+    def post(self, request):
+        data = validated(LoginRequestSerializer, request.data)
+        return _token_pair_response(
+            services.user_login(email=data["email"], password=data["password"])
+        )
+
+
+class RefreshApi(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        tags=[TAG],
+        auth=[],
+        request=RefreshRequestSerializer,
+        responses={
+            200: TokenPairSerializer,
+            401: OpenApiResponse(
+                ErrorSerializer,
+                description="Unknown, expired, revoked or already used refresh token "
+                "(a reused one ends its whole session).",
+            ),
+        },
+        summary="Exchange a refresh token for a new token pair",
+    )
+    def post(self, request):
+        data = validated(RefreshRequestSerializer, request.data)
+        return _token_pair_response(services.refresh_token_rotate(token=data["refresh_token"]))
+
+
+class LogoutApi(APIView):
+    authentication_classes: list = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        tags=[TAG],
+        auth=[],
+        request=RefreshRequestSerializer,
+        responses={204: OpenApiResponse(description="The session is ended.")},
+        summary="End the session of a refresh token",
+    )
+    def post(self, request):
+        data = validated(RefreshRequestSerializer, request.data)
+        services.refresh_token_revoke(token=data["refresh_token"])
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MeApi(APIView):
+    permission_classes = [IsPerson]
+
+    @extend_schema(tags=[TAG], responses=MeSerializer, summary="The calling person")
+    def get(self, request):
+        return Response(MeSerializer(request.user).data)

@@ -1,0 +1,136 @@
+"""Request validation and response shapes of the identity API (no business rules here)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from identity.models import Tenant, User
+
+
+class ErrorBodySerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="Stable and machine-readable.")
+    message = serializers.CharField(help_text="For people.")
+    details = serializers.DictField(help_text="Field errors or context.")
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error format of the API."""
+
+    error = ErrorBodySerializer()
+
+
+# --- Sessions -----------------------------------------------------------------------------
+
+
+class LoginRequestSerializer(serializers.Serializer):
+    email = serializers.CharField(max_length=254, trim_whitespace=True)
+    password = serializers.CharField(max_length=4096, trim_whitespace=False, write_only=True)
+
+
+class RefreshRequestSerializer(serializers.Serializer):
+    refresh_token = serializers.CharField(max_length=200, trim_whitespace=True, write_only=True)
+
+
+class TokenPairSerializer(serializers.Serializer):
+    token_type = serializers.CharField(default="Bearer")
+    access_token = serializers.CharField(help_text="Send as `Authorization: Bearer <token>`.")
+    access_token_expires_at = serializers.DateTimeField()
+    expires_in = serializers.IntegerField(help_text="Seconds until the access token expires.")
+    refresh_token = serializers.CharField(
+        help_text="Opaque; exchange it at /auth/refresh. Each one works once."
+    )
+    refresh_token_expires_at = serializers.DateTimeField()
+
+
+# --- Tenants ------------------------------------------------------------------------------
+
+
+class TenantSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = ("id", "name", "slug", "is_active", "created_at", "deactivated_at")
+        read_only_fields = fields
+
+
+class TenantCreateRequestSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    slug = serializers.SlugField(
+        max_length=100, required=False, help_text="Derived from the name when omitted."
+    )
+
+
+class TenantRenameRequestSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+
+
+class TenantListQuerySerializer(serializers.Serializer):
+    is_active = serializers.BooleanField(required=False, allow_null=True, default=None)
+    search = serializers.CharField(required=False, max_length=200, default="")
+
+
+# --- Users --------------------------------------------------------------------------------
+
+
+class TenantSummarySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Tenant
+        fields = ("id", "name", "slug", "is_active")
+        read_only_fields = fields
+
+
+class UserSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = User
+        fields = (
+            "id",
+            "email",
+            "full_name",
+            "tenant",
+            "role",
+            "is_active",
+            "created_at",
+            "deactivated_at",
+        )
+        read_only_fields = fields
+
+
+class MeSerializer(serializers.ModelSerializer):
+    tenant = TenantSummarySerializer(allow_null=True, read_only=True)
+    is_platform_admin = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = User
+        fields = ("id", "email", "full_name", "tenant", "role", "is_platform_admin", "last_login")
+        read_only_fields = fields
+
+
+class UserRegisterRequestSerializer(serializers.Serializer):
+    email = serializers.EmailField(max_length=254)
+    full_name = serializers.CharField(max_length=200, required=False, default="")
+    password = serializers.CharField(max_length=4096, trim_whitespace=False, write_only=True)
+    role = serializers.ChoiceField(choices=User.Role.choices, default=User.Role.MEMBER)
+    tenant = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        help_text="Required for platform admins; a manager registers into their own tenant.",
+    )
+
+
+class UserUpdateRequestSerializer(serializers.Serializer):
+    full_name = serializers.CharField(max_length=200, required=False)
+    role = serializers.ChoiceField(choices=User.Role.choices, required=False)
+
+    def validate(self, attrs):
+        if not attrs:
+            raise serializers.ValidationError("Give a full_name, a role or both.")
+        return attrs
+
+
+class UserListQuerySerializer(serializers.Serializer):
+    is_active = serializers.BooleanField(required=False, allow_null=True, default=None)
+    search = serializers.CharField(
+        required=False, max_length=200, default="", help_text="Part of the name or email."
+    )
+    tenant = serializers.IntegerField(
+        required=False, min_value=1, help_text="Platform admins: only this tenant's users."
+    )

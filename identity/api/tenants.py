@@ -1,0 +1,89 @@
+"""Tenants, run by platform admins: create, list, read, rename, deactivate."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from identity import selectors, services
+from identity.api.common import NeverDeleted, paginated, query, validated
+from identity.api.serializers import (
+    ErrorSerializer,
+    TenantCreateRequestSerializer,
+    TenantListQuerySerializer,
+    TenantRenameRequestSerializer,
+    TenantSerializer,
+)
+from identity.permissions import IsPlatformAdmin
+
+TAG = "tenants"
+NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such tenant.")
+CONFLICT = OpenApiResponse(ErrorSerializer, description="The tenant is deactivated.")
+
+
+class TenantCollectionApi(NeverDeleted, APIView):
+    permission_classes = [IsPlatformAdmin]
+
+    @extend_schema(
+        tags=[TAG],
+        parameters=[TenantListQuerySerializer],
+        responses=TenantSerializer(many=True),
+        summary="List tenants",
+    )
+    def get(self, request):
+        filters = query(TenantListQuerySerializer, request)
+        return paginated(self, selectors.tenant_list(**filters), TenantSerializer)
+
+    @extend_schema(
+        tags=[TAG],
+        request=TenantCreateRequestSerializer,
+        responses={
+            201: TenantSerializer,
+            409: OpenApiResponse(ErrorSerializer, description="The slug is taken."),
+        },
+        summary="Create a tenant",
+    )
+    def post(self, request):
+        data = validated(TenantCreateRequestSerializer, request.data)
+        tenant = services.tenant_create(**data, actor=request.user)
+        return Response(TenantSerializer(tenant).data, status=status.HTTP_201_CREATED)
+
+
+class TenantDetailApi(NeverDeleted, APIView):
+    permission_classes = [IsPlatformAdmin]
+    delete_hint = "Tenants are never deleted: POST /api/v1/tenants/{id}/deactivate instead."
+
+    @extend_schema(
+        tags=[TAG], responses={200: TenantSerializer, 404: NOT_FOUND}, summary="Read a tenant"
+    )
+    def get(self, request, tenant_id: int):
+        return Response(TenantSerializer(selectors.tenant_for_admin(tenant_id)).data)
+
+    @extend_schema(
+        tags=[TAG],
+        request=TenantRenameRequestSerializer,
+        responses={200: TenantSerializer, 404: NOT_FOUND, 409: CONFLICT},
+        summary="Rename a tenant",
+    )
+    def patch(self, request, tenant_id: int):
+        tenant = selectors.tenant_for_admin(tenant_id)
+        data = validated(TenantRenameRequestSerializer, request.data)
+        tenant = services.tenant_rename(tenant=tenant, name=data["name"], actor=request.user)
+        return Response(TenantSerializer(tenant).data)
+
+
+class TenantDeactivateApi(APIView):
+    permission_classes = [IsPlatformAdmin]
+
+    @extend_schema(
+        tags=[TAG],
+        request=None,
+        responses={200: TenantSerializer, 404: NOT_FOUND, 409: CONFLICT},
+        summary="Deactivate a tenant: its users can no longer log in",
+    )
+    def post(self, request, tenant_id: int):
+        tenant = selectors.tenant_for_admin(tenant_id)
+        tenant = services.tenant_deactivate(tenant=tenant, actor=request.user)
+        return Response(TenantSerializer(tenant).data)

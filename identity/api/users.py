@@ -1,0 +1,116 @@
+"""Users of tenants, managed by their tenant's managers and by platform admins.
+
+Every lookup goes through ``selectors.users_visible_to``: another tenant's user
+is a 404 for a manager, exactly like a user that does not exist.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from identity import selectors, services
+from identity.api.common import NeverDeleted, paginated, query, validated
+from identity.api.serializers import (
+    ErrorSerializer,
+    UserListQuerySerializer,
+    UserRegisterRequestSerializer,
+    UserSerializer,
+    UserUpdateRequestSerializer,
+)
+from identity.permissions import IsPlatformAdmin, IsTenantManager
+
+TAG = "users"
+NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such user (or not yours to see).")
+MANAGERS = [IsPlatformAdmin | IsTenantManager]
+
+
+class UserCollectionApi(NeverDeleted, APIView):
+    permission_classes = MANAGERS
+
+    @extend_schema(
+        tags=[TAG],
+        parameters=[UserListQuerySerializer],
+        responses=UserSerializer(many=True),
+        summary="List users (a manager sees their tenant's)",
+    )
+    def get(self, request):
+        filters = query(UserListQuerySerializer, request)
+        users = selectors.user_list(
+            caller=request.user,
+            is_active=filters["is_active"],
+            search=filters["search"],
+            tenant_id=filters.get("tenant"),
+        )
+        return paginated(self, users, UserSerializer)
+
+    @extend_schema(
+        tags=[TAG],
+        request=UserRegisterRequestSerializer,
+        responses={
+            201: UserSerializer,
+            404: OpenApiResponse(ErrorSerializer, description="No such tenant."),
+            409: OpenApiResponse(
+                ErrorSerializer, description="The email is taken or the tenant is deactivated."
+            ),
+        },
+        summary="Register a user in a tenant",
+    )
+    def post(self, request):
+        data = validated(UserRegisterRequestSerializer, request.data)
+        tenant = selectors.tenant_for_registration(
+            caller=request.user, tenant_id=data.pop("tenant", None)
+        )
+        user = services.user_register(tenant=tenant, **data, actor=request.user)
+        return Response(UserSerializer(user).data, status=status.HTTP_201_CREATED)
+
+
+class UserDetailApi(NeverDeleted, APIView):
+    permission_classes = MANAGERS
+    delete_hint = "Users are never deleted: POST /api/v1/users/{id}/deactivate instead."
+
+    @extend_schema(
+        tags=[TAG], responses={200: UserSerializer, 404: NOT_FOUND}, summary="Read a user"
+    )
+    def get(self, request, user_id: int):
+        user = selectors.user_for_caller(caller=request.user, user_id=user_id)
+        return Response(UserSerializer(user).data)
+
+    @extend_schema(
+        tags=[TAG],
+        request=UserUpdateRequestSerializer,
+        responses={
+            200: UserSerializer,
+            404: NOT_FOUND,
+            409: OpenApiResponse(ErrorSerializer, description="The user is deactivated."),
+        },
+        summary="Change a user's name or role",
+    )
+    def patch(self, request, user_id: int):
+        user = selectors.user_for_caller(caller=request.user, user_id=user_id)
+        data = validated(UserUpdateRequestSerializer, request.data)
+        user = services.user_update(user=user, **data, actor=request.user)
+        return Response(UserSerializer(user).data)
+
+
+class UserDeactivateApi(APIView):
+    permission_classes = MANAGERS
+
+    @extend_schema(
+        tags=[TAG],
+        request=None,
+        responses={
+            200: UserSerializer,
+            404: NOT_FOUND,
+            409: OpenApiResponse(
+                ErrorSerializer, description="Already deactivated, or the caller themselves."
+            ),
+        },
+        summary="Deactivate a user: ends their sessions and blocks login",
+    )
+    def post(self, request, user_id: int):
+        user = selectors.user_for_caller(caller=request.user, user_id=user_id)
+        user = services.user_deactivate(user=user, actor=request.user)
+        return Response(UserSerializer(user).data)

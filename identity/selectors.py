@@ -1,0 +1,88 @@
+"""Reads of tenants and users, for the identity API and for other modules.
+
+What a caller may see is decided here: a platform admin sees every tenant user,
+a tenant manager only the people of their own tenant. Anything outside that is
+"not found", so another tenant's user is a 404 and never a 403.
+"""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+
+from common.errors import InvalidInput, NotFound
+from identity.models import Tenant, User
+
+
+def tenant_get(tenant_id: int, *, active_only: bool = False) -> Tenant | None:
+    queryset = Tenant.objects.all()
+    if active_only:
+        queryset = queryset.filter(is_active=True)
+    return queryset.filter(pk=tenant_id).first()
+
+
+def tenant_list(*, is_active: bool | None = None, search: str = "") -> QuerySet[Tenant]:
+    queryset = Tenant.objects.all()
+    if is_active is not None:
+        queryset = queryset.filter(is_active=is_active)
+    if search:
+        queryset = queryset.filter(Q(name__icontains=search) | Q(slug__icontains=search))
+    return queryset
+
+
+def tenant_for_admin(tenant_id: int) -> Tenant:
+    tenant = tenant_get(tenant_id)
+    if tenant is None:
+        raise NotFound("No such tenant.")
+    return tenant
+
+
+def user_get(user_id: int, *, active_only: bool = False) -> User | None:
+    queryset = User.objects.select_related("tenant")
+    if active_only:
+        queryset = queryset.filter(is_active=True)
+    return queryset.filter(pk=user_id).first()
+
+
+def users_visible_to(caller: User) -> QuerySet[User]:
+    """Tenant users the caller may manage: all of them for a platform admin, else their tenant's."""
+    queryset = User.objects.select_related("tenant").filter(tenant__isnull=False)
+    if caller.is_platform_admin:
+        return queryset
+    if caller.tenant_id is not None and caller.role == User.Role.MANAGER:
+        return queryset.filter(tenant_id=caller.tenant_id)
+    return queryset.none()
+
+
+def user_list(
+    *,
+    caller: User,
+    is_active: bool | None = None,
+    search: str = "",
+    tenant_id: int | None = None,
+) -> QuerySet[User]:
+    queryset = users_visible_to(caller)
+    if tenant_id is not None:
+        queryset = queryset.filter(tenant_id=tenant_id)
+    if is_active is not None:
+        queryset = queryset.filter(is_active=is_active)
+    if search:
+        queryset = queryset.filter(Q(full_name__icontains=search) | Q(email__icontains=search))
+    return queryset.order_by("email", "id")
+
+
+def user_for_caller(*, caller: User, user_id: int) -> User:
+    user = users_visible_to(caller).filter(pk=user_id).first()
+    if user is None:
+        raise NotFound("No such user.")
+    return user
+
+
+def tenant_for_registration(*, caller: User, tenant_id: int | None) -> Tenant:
+    """The tenant a caller registers a user into: any for an admin, their own for a manager."""
+    if caller.is_platform_admin:
+        if tenant_id is None:
+            raise InvalidInput(details={"tenant": ["A platform admin must name the tenant."]})
+        return tenant_for_admin(tenant_id)
+    if tenant_id is not None and tenant_id != caller.tenant_id:
+        raise NotFound("No such tenant.")
+    return caller.tenant

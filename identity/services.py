@@ -1,0 +1,346 @@
+"""Identity use cases: tenants, users and their sessions (token pairs).
+
+Each service is the transaction boundary of its change and records the domain
+event of that change through the outbox in the same transaction: tenant events
+on the platform outbox, user events on their tenant's outbox.
+"""
+
+from __future__ import annotations
+
+import functools
+import hmac
+import logging
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.contrib.auth.hashers import check_password, make_password
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+from django.utils.text import slugify
+
+from common.errors import Conflict, DomainError, InvalidInput
+from identity.models import RefreshToken, RevokeReason, Tenant, User
+from identity.tokens import hash_refresh_token, issue_access_token, new_refresh_token
+from outbox.services import publish
+
+logger = logging.getLogger("hubdommed.identity")
+
+
+class InvalidCredentials(DomainError):
+    status_code = 401
+    code = "invalid_credentials"
+    default_message = "The email or the password is incorrect."
+
+
+class AccountInactive(DomainError):
+    status_code = 403
+    code = "account_inactive"
+    default_message = "This account is deactivated."
+
+
+class InvalidRefreshToken(DomainError):
+    status_code = 401
+    code = "invalid_refresh_token"
+    default_message = "The refresh token is not valid."
+
+
+@dataclass(frozen=True)
+class TokenPair:
+    user: User
+    access_token: str
+    access_token_expires_at: datetime
+    refresh_token: str
+    refresh_token_expires_at: datetime
+
+
+# --- Tenants ------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def tenant_create(*, name: str, slug: str | None = None, actor: User) -> Tenant:
+    name = name.strip()
+    if not name:
+        raise InvalidInput(details={"name": ["A name is required."]})
+    slug = slug or _free_slug(name)
+    tenant = Tenant(name=name, slug=slug)
+    try:
+        with transaction.atomic():
+            tenant.save()
+    except IntegrityError:
+        raise Conflict(
+            "Another tenant already uses this slug.", code="slug_taken", details={"slug": slug}
+        ) from None
+    publish(
+        "TenantCreated",
+        {"tenant_id": tenant.pk, "name": tenant.name, "slug": tenant.slug},
+        tenant=None,
+        aggregate=tenant,
+        actor=actor,
+    )
+    return tenant
+
+
+@transaction.atomic
+def tenant_rename(*, tenant: Tenant, name: str, actor: User) -> Tenant:
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    tenant.rename(name=name.strip())
+    tenant.save(update_fields=["name", "updated_at"])
+    logger.info("tenant %s renamed by %s", tenant.pk, actor.pk)
+    return tenant
+
+
+@transaction.atomic
+def tenant_deactivate(*, tenant: Tenant, actor: User) -> Tenant:
+    """Blocks every login of the tenant's users and ends their sessions."""
+    # The row lock also orders this against a registration into the same tenant.
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    now = timezone.now()
+    tenant.deactivate(now=now)
+    tenant.save(update_fields=["is_active", "deactivated_at", "updated_at"])
+    _revoke(RefreshToken.objects.filter(user__tenant=tenant), RevokeReason.TENANT_DEACTIVATED, now)
+    publish(
+        "TenantDeactivated", {"tenant_id": tenant.pk}, tenant=None, aggregate=tenant, actor=actor
+    )
+    return tenant
+
+
+def _free_slug(name: str) -> str:
+    base = slugify(name)[:90] or "tenant"
+    slug, n = base, 1
+    while Tenant.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+# --- Users --------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def user_register(
+    *,
+    tenant: Tenant,
+    email: str,
+    password: str,
+    full_name: str = "",
+    role: str = User.Role.MEMBER,
+    actor: User,
+) -> User:
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    if not tenant.is_active:
+        raise Conflict("The tenant is deactivated.", code="tenant_inactive")
+    email = normalize_email(email)
+    user = User(email=email, full_name=full_name.strip(), tenant=tenant, role=role)
+    try:
+        validate_password(password, user)
+    except DjangoValidationError as exc:
+        raise InvalidInput(details={"password": exc.messages}) from None
+    if User.objects.filter(email__iexact=email).exists():
+        raise _email_taken()
+    user.set_password(password)
+    try:
+        with transaction.atomic():
+            user.save()
+    except IntegrityError:  # registered by someone else a moment ago
+        raise _email_taken() from None
+    publish(
+        "UserRegistered",
+        {"user_id": user.pk, "tenant_id": tenant.pk, "role": user.role},
+        tenant=tenant,
+        aggregate=user,
+        actor=actor,
+    )
+    return user
+
+
+@transaction.atomic
+def user_update(
+    *, user: User, full_name: str | None = None, role: str | None = None, actor: User
+) -> User:
+    user = User.objects.select_for_update().get(pk=user.pk)
+    if not user.is_active:
+        raise Conflict("A deactivated user cannot be changed.", code="user_inactive")
+    fields = []
+    if full_name is not None:
+        user.full_name = full_name.strip()
+        fields.append("full_name")
+    if role is not None:
+        if role not in User.Role.values:
+            raise InvalidInput(details={"role": [f"'{role}' is not a role."]})
+        user.role = role
+        fields.append("role")
+    if fields:
+        user.save(update_fields=[*fields, "updated_at"])
+        logger.info("user %s updated (%s) by %s", user.pk, ", ".join(fields), actor.pk)
+    return user
+
+
+@transaction.atomic
+def user_deactivate(*, user: User, actor: User) -> User:
+    """Blocks the user's login and ends every session; nothing is deleted."""
+    if actor.pk == user.pk:
+        raise Conflict("You cannot deactivate yourself.", code="cannot_deactivate_self")
+    user = User.objects.select_for_update().get(pk=user.pk)
+    now = timezone.now()
+    user.deactivate(now=now)
+    user.save(update_fields=["is_active", "deactivated_at", "updated_at"])
+    _revoke(RefreshToken.objects.filter(user=user), RevokeReason.USER_DEACTIVATED, now)
+    publish(
+        "UserDeactivated",
+        {"user_id": user.pk, "tenant_id": user.tenant_id},
+        # Platform admins have no tenant: their events go to the platform outbox.
+        tenant=user.tenant_id,
+        aggregate=user,
+        actor=actor,
+    )
+    return user
+
+
+def normalize_email(email: str) -> str:
+    """The login form of an email: trimmed and lower-cased (logins ignore case)."""
+    return email.strip().lower()
+
+
+def _email_taken() -> Conflict:
+    return Conflict(
+        "A user with this email already exists.",
+        code="email_taken",
+        details={"email": ["A user with this email already exists."]},
+    )
+
+
+# --- Sessions: login, refresh, logout -----------------------------------------------------
+
+
+def user_login(*, email: str, password: str) -> TokenPair:
+    """A new token pair for the right email and password; starts a refresh-token family.
+
+    An unknown email and a wrong password give the same error after the same work
+    (one password hash check), so neither the answer nor its timing tells them apart.
+    """
+    user = User.objects.select_related("tenant").filter(email__iexact=email.strip()).first()
+    if user is None:
+        check_password(password, _dummy_password_hash())
+        raise InvalidCredentials()
+    if not user.check_password(password):
+        raise InvalidCredentials()
+    # Only someone who knows the password learns that the account is closed.
+    if not user.is_active:
+        raise AccountInactive()
+    if user.tenant_id is not None and not user.tenant.is_active:
+        raise AccountInactive("The organization of this account is deactivated.")
+    with transaction.atomic():
+        now = timezone.now()
+        refresh, row = _new_refresh_token(user=user, family=None, now=now)
+        user.last_login = now
+        user.save(update_fields=["last_login"])
+    logger.info("user %s logged in (session %s)", user.pk, row.family)
+    return _pair(user, refresh, row)
+
+
+def refresh_token_rotate(*, token: str) -> TokenPair:
+    """Exchange a refresh token for a new pair; the presented token stops working.
+
+    A token that was already exchanged is a stolen copy (or the victim's, after the
+    thief used it first): the whole family is revoked, the newest token included.
+    The row lock serializes two refreshes of one token: the second one sees the
+    token used and is treated as reuse.
+
+    Not wrapped in ``transaction.atomic`` as a whole: the revocation of a family
+    must commit even though the call then fails.
+    """
+    digest = hash_refresh_token(token)
+    reused_family = None
+    with transaction.atomic():
+        current = (
+            RefreshToken.objects.select_for_update(of=("self",))
+            .select_related("user__tenant")
+            .filter(token_hash=digest)
+            .first()
+        )
+        # Found by its hash; compared again in constant time all the same.
+        if current is None or not hmac.compare_digest(current.token_hash, digest):
+            raise InvalidRefreshToken()
+        now = timezone.now()
+        if current.revoked_at is not None:
+            raise InvalidRefreshToken()
+        if current.used_at is not None:
+            _revoke(
+                RefreshToken.objects.filter(family=current.family),
+                RevokeReason.REUSE_DETECTED,
+                now,
+            )
+            reused_family = current.family
+        elif current.is_expired(now):
+            raise InvalidRefreshToken(
+                "The refresh token has expired.", code="refresh_token_expired"
+            )
+        elif not current.user.may_log_in:
+            raise AccountInactive()
+        else:
+            refresh, successor = _new_refresh_token(
+                user=current.user, family=current.family, now=now
+            )
+            current.used_at = now
+            current.replaced_by = successor
+            current.save(update_fields=["used_at", "replaced_by"])
+    if reused_family is not None:
+        logger.warning(
+            "refresh token reused: session %s of user %s revoked", reused_family, current.user_id
+        )
+        raise InvalidRefreshToken(
+            "The refresh token was already used; the session it belongs to has been ended.",
+            code="refresh_token_reused",
+        )
+    return _pair(current.user, refresh, successor)
+
+
+@transaction.atomic
+def refresh_token_revoke(*, token: str) -> None:
+    """Logout: ends the session (family) of the token. Unknown tokens are ignored."""
+    digest = hash_refresh_token(token)
+    current = RefreshToken.objects.filter(token_hash=digest).first()
+    if current is None or not hmac.compare_digest(current.token_hash, digest):
+        return
+    _revoke(RefreshToken.objects.filter(family=current.family), RevokeReason.LOGOUT, timezone.now())
+    logger.info("user %s logged out (session %s)", current.user_id, current.family)
+
+
+def _new_refresh_token(*, user: User, family, now: datetime) -> tuple[str, RefreshToken]:
+    token = new_refresh_token()
+    row = RefreshToken(
+        user=user,
+        token_hash=hash_refresh_token(token),
+        created_at=now,
+        expires_at=now + settings.REFRESH_TOKEN_LIFETIME,
+    )
+    if family is not None:
+        row.family = family
+    row.save()
+    return token, row
+
+
+def _pair(user: User, refresh: str, row: RefreshToken) -> TokenPair:
+    access = issue_access_token(user)
+    return TokenPair(
+        user=user,
+        access_token=access.token,
+        access_token_expires_at=access.expires_at,
+        refresh_token=refresh,
+        refresh_token_expires_at=row.expires_at,
+    )
+
+
+def _revoke(tokens: QuerySet[RefreshToken], reason: str, now: datetime) -> int:
+    return tokens.filter(revoked_at__isnull=True).update(revoked_at=now, revoke_reason=reason)
+
+
+@functools.cache
+def _dummy_password_hash() -> str:
+    # Hashed with the current hasher and its current cost, like a real user's password.
+    return make_password(secrets.token_urlsafe(16))

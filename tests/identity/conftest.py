@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from rest_framework.test import APIClient
+
+from tests.factories import ManagerFactory, PlatformAdminFactory, UserFactory
+from tests.identity.support import client_for
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_namespace(settings, redis_key_prefix):
+    """Throttle counters of one test never reach another (nor another run)."""
+    caches = {alias: dict(config) for alias, config in settings.CACHES.items()}
+    caches["default"]["KEY_PREFIX"] = f"{redis_key_prefix}:{uuid.uuid4().hex[:8]}"
+    settings.CACHES = caches
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    # The production hasher is slow on purpose; these tests hash hundreds of passwords.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def api():
+    return APIClient(raise_request_exception=False)
+
+
+@pytest.fixture
+def platform_admin(db):
+    return PlatformAdminFactory()
+
+
+@pytest.fixture
+def manager(tenant):
+    return ManagerFactory(tenant=tenant)
+
+
+@pytest.fixture
+def member(tenant):
+    return UserFactory(tenant=tenant)
+
+
+@pytest.fixture
+def outsider(other_tenant):
+    """A manager of another tenant."""
+    return ManagerFactory(tenant=other_tenant)
+
+
+@pytest.fixture
+def as_admin(platform_admin):
+    return client_for(platform_admin)
+
+
+@pytest.fixture
+def as_manager(manager):
+    return client_for(manager)
+
+
+@pytest.fixture
+def as_member(member):
+    return client_for(member)
+
+
+@pytest.fixture
+def as_outsider(outsider):
+    return client_for(outsider)
