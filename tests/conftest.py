@@ -12,6 +12,7 @@ import pytest
 import redis
 from django.conf import settings
 
+from tests.aws import moto_endpoint  # noqa: F401
 from tests.factories import TenantFactory, UserFactory
 
 

@@ -1,0 +1,154 @@
+"""``manage.py run_relay``: deliver the outbox to the broker, for as long as it runs.
+
+Waits on ``BLPOP`` of the wake key (pushed after each commit that wrote the outbox)
+with a timeout of the sweep interval; on either it runs passes until nothing is due.
+Redis being down only slows it to the sweep. SIGTERM or SIGINT finish the current
+batch and exit 0. One relay service per environment (``HUBDOMMED_RELAY=true``); two
+running anyway never send a row twice (SKIP LOCKED).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+import redis
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+
+from relay.engine import OutboxRelay
+from relay.schedules import enqueue_due_schedules
+from relay.transports import TransportUnavailable
+
+logger = logging.getLogger("hubdommed.relay")
+
+# Schedules are looked at no more often than this (seconds); their periods are hours.
+SCHEDULE_CHECK_INTERVAL = 1.0
+
+
+class Command(BaseCommand):
+    help = "Deliver committed outbox rows to the broker (RabbitMQ or SQS) as they become due."
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._stop = threading.Event()
+        self._relay: OutboxRelay | None = None
+        self._redis: redis.Redis | None = None
+        self._redis_down = False
+        self._schedules_checked_at = float("-inf")
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true", help="drain what is due once, then exit")
+
+    @property
+    def shutdown(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def relay(self) -> OutboxRelay:
+        if self._relay is None:
+            self._relay = OutboxRelay()
+        return self._relay
+
+    # -- step methods (tested directly) --------------------------------------------------------
+
+    def relay_one_batch(self) -> bool:
+        """One pass over the outbox; True when more is due right away."""
+        return self.relay.relay_one_batch()
+
+    def enqueue_due_schedules(self) -> list[str]:
+        self._schedules_checked_at = time.monotonic()
+        enqueued = enqueue_due_schedules()
+        if enqueued:
+            logger.info("relay enqueued scheduled tasks: %s", ", ".join(enqueued))
+        return enqueued
+
+    def drain(self) -> None:
+        """Passes until nothing is due (or the broker is unreachable, or we are asked to stop)."""
+        if time.monotonic() - self._schedules_checked_at >= SCHEDULE_CHECK_INTERVAL:
+            self.enqueue_due_schedules()
+        while not self.shutdown and self.relay_one_batch():
+            pass
+
+    def wait_for_signal(self) -> None:
+        """Block until the wake signal or the sweep interval, whichever comes first."""
+        timeout = settings.RELAY_SWEEP_INTERVAL
+        try:
+            self.redis.blpop([settings.OUTBOX_WAKE_KEY], timeout=timeout)
+        except (redis.RedisError, OSError) as exc:
+            if not self._redis_down:
+                logger.warning(
+                    "Redis unreachable (%s): sweeping the outbox every %g s until it is back",
+                    exc,
+                    timeout,
+                )
+                self._redis_down = True
+            self._stop.wait(timeout)
+            return
+        if self._redis_down:
+            logger.info("Redis reachable again: waking on the outbox signal")
+            self._redis_down = False
+
+    @property
+    def redis(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(
+                settings.REDIS_URL,
+                socket_connect_timeout=settings.REDIS_SOCKET_TIMEOUT,
+                # BLPOP holds the socket for the whole sweep interval.
+                socket_timeout=settings.RELAY_SWEEP_INTERVAL + 5,
+            )
+        return self._redis
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def handle(self, *args, once: bool = False, **options) -> str:
+        if not settings.RELAY_ENABLED:
+            raise CommandError(
+                "The relay is disabled here. Exactly one service per environment runs it: "
+                "set HUBDOMMED_RELAY=true in that service's environment."
+            )
+        logger.info(
+            "relay starting: broker=%s batch=%d sweep=%gs wake key=%s",
+            settings.BROKER,
+            self.relay.batch_size,
+            settings.RELAY_SWEEP_INTERVAL,
+            settings.OUTBOX_WAKE_KEY,
+        )
+        try:
+            self.relay.transport.setup_topology()
+        except TransportUnavailable as exc:
+            logger.warning("broker unreachable at start (%s); will keep trying", exc)
+        try:
+            if once:
+                self.drain()
+            else:
+                self.run_forever()
+        finally:
+            self.relay.close()
+            if self._redis is not None:
+                self._redis.close()
+        return f"relay stopped: {self.relay.sent} messages sent in {self.relay.batches} batches"
+
+    def run_forever(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        while not self.shutdown:
+            try:
+                self.drain()
+            except Exception:
+                # A bug or the database going away: say so, wait, carry on.
+                logger.exception("relay pass failed; retrying after the sweep interval")
+                self._stop.wait(settings.RELAY_SWEEP_INTERVAL)
+                continue
+            if self.shutdown:
+                break
+            if self.relay.outages:
+                self._stop.wait(self.relay.outage_backoff)
+            else:
+                self.wait_for_signal()
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stop.set()

@@ -1,0 +1,71 @@
+"""The one small interface every broker transport implements.
+
+The relay hands a transport a batch of messages and learns, per message, whether the
+broker took responsibility for it (``sent``), refused that one message (``rejected``:
+the others are fine, so only that row backs off), or could not be asked at all
+(``unconfirmed``: the broker is unreachable or the connection dropped before it
+answered). A transport never raises for a broker outage while sending: it reports it,
+so whatever the broker did confirm is still marked sent.
+
+The consume side (receive, ack, return with a delay, dead-letter, extend visibility)
+belongs in the same modules: connections and topology here are not publisher-specific.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+class TransportUnavailable(Exception):
+    """The broker cannot be reached or stopped answering."""
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """One outbox row, ready for the wire. ``key`` identifies it in the result."""
+
+    key: int
+    run_id: str
+    destination: str
+    task: str
+    body: bytes
+    correlation_id: str = ""
+    event: str | None = None
+
+
+@dataclass
+class SendResult:
+    sent: list[int] = field(default_factory=list)
+    rejected: dict[int, str] = field(default_factory=dict)
+    unconfirmed: list[int] = field(default_factory=list)
+    # Why ``unconfirmed`` is not empty: the outage, in one line.
+    error: str | None = None
+
+
+class Transport(ABC):
+    name: str
+
+    @abstractmethod
+    def setup_topology(self) -> None:
+        """Declare the exchange, the queue classes and their dead-letter queues (idempotent)."""
+
+    @abstractmethod
+    def ensure_destination(self, destination: str) -> None:
+        """Make sure a destination's queue and its dead-letter queue exist (idempotent,
+        remembered for the life of the transport)."""
+
+    @abstractmethod
+    def send(self, messages: Sequence[OutgoingMessage]) -> SendResult:
+        """Publish and wait for the broker's answer to each message."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Drop the connection; the next call reconnects."""
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,354 @@
+"""RabbitMQ through pika: topic exchange, quorum queues, pipelined publisher confirms.
+
+Publishing one message and waiting for its confirm costs a network round trip and a
+disk sync each; pika's ``BlockingChannel.confirm_delivery()`` does exactly that. So
+the relay drives a ``SelectConnection`` itself: it writes a whole batch to the socket,
+then runs the I/O loop until the broker has acked (or nacked) every delivery tag,
+``multiple=True`` acks settling many at once. Only acked messages count as sent.
+
+Topology (see docs/messaging.md): the exchange ``settings.RABBITMQ_EXCHANGE`` (topic,
+durable); per destination a quorum queue bound with ``<destination>.#``, with
+``x-delivery-limit`` 7 and dead-lettering through the default exchange to
+``<queue>-dlq`` (another quorum queue). ``declarations()`` lists it as plain channel
+calls so that a consumer on a ``BlockingConnection`` can declare the same thing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pika
+import pika.exceptions
+from django.conf import settings
+from pika import spec
+
+from outbox.models import QUEUES
+from relay import topology
+from relay.transports.base import OutgoingMessage, SendResult, Transport, TransportUnavailable
+
+logger = logging.getLogger("hubdommed.relay")
+
+# Seconds to wait for the broker to open a connection or answer a batch.
+CONNECT_TIMEOUT = 5.0
+ANSWER_TIMEOUT = 30.0
+
+
+class TopologyError(Exception):
+    """The broker refused a declaration (for example, a queue exists with other arguments)."""
+
+
+def queue_arguments(destination: str) -> dict[str, Any]:
+    return {
+        "x-queue-type": "quorum",
+        # The broker's own redrive. RabbitMQ counts returns, not deliveries: a limit of 6
+        # returns means 7 deliveries, then the DLQ (as SQS's maxReceiveCount 7).
+        "x-delivery-limit": topology.MAX_RECEIVES - 1,
+        # "" is the default exchange: it routes by queue name, straight to the DLQ.
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": topology.dead_letter_queue_name(destination),
+        # Quorum queues can dead-letter at least once (3.10+), which needs reject-publish.
+        "x-dead-letter-strategy": "at-least-once",
+        "x-overflow": "reject-publish",
+    }
+
+
+DEAD_LETTER_QUEUE_ARGUMENTS = {"x-queue-type": "quorum"}
+
+
+def exchange_declaration() -> tuple[str, dict[str, Any]]:
+    return "exchange_declare", {
+        "exchange": settings.RABBITMQ_EXCHANGE,
+        "exchange_type": "topic",
+        "durable": True,
+    }
+
+
+def declarations(destination: str) -> list[tuple[str, dict[str, Any]]]:
+    """The channel calls that create a destination's queues and binding, in order."""
+    queue = topology.queue_name(destination)
+    return [
+        (
+            "queue_declare",
+            {
+                "queue": topology.dead_letter_queue_name(destination),
+                "durable": True,
+                "arguments": DEAD_LETTER_QUEUE_ARGUMENTS,
+            },
+        ),
+        (
+            "queue_declare",
+            {"queue": queue, "durable": True, "arguments": queue_arguments(destination)},
+        ),
+        (
+            "queue_bind",
+            {
+                "queue": queue,
+                "exchange": settings.RABBITMQ_EXCHANGE,
+                "routing_key": topology.binding_key(destination),
+            },
+        ),
+    ]
+
+
+def message_properties(message: OutgoingMessage) -> pika.BasicProperties:
+    headers = {"type": message.task, "correlation_id": message.correlation_id}
+    if message.event:
+        headers["event"] = message.event
+    return pika.BasicProperties(
+        content_type="application/json",
+        delivery_mode=pika.DeliveryMode.Persistent,
+        message_id=message.run_id,
+        type=message.task,
+        correlation_id=message.correlation_id or None,
+        headers=headers,
+    )
+
+
+def connection_parameters(url: str | None = None) -> pika.URLParameters:
+    params = pika.URLParameters(url or settings.RABBITMQ_URL)
+    params.connection_attempts = 1
+    params.retry_delay = 0
+    params.socket_timeout = CONNECT_TIMEOUT
+    params.stack_timeout = CONNECT_TIMEOUT
+    params.blocked_connection_timeout = ANSWER_TIMEOUT
+    return params
+
+
+class _Connection:
+    """A ``SelectConnection`` used synchronously: each call runs the I/O loop until the
+    answer it needs has arrived, the connection failed, or time ran out."""
+
+    def __init__(self, params: pika.URLParameters) -> None:
+        self.error: str | None = None
+        self._until: Callable[[], bool] | None = None
+        self._topology_channel: Any = None
+        self._channel_error: str | None = None
+        self.connection = pika.SelectConnection(
+            params,
+            on_open_callback=lambda _c: self._wake(),
+            on_open_error_callback=self._on_open_error,
+            on_close_callback=self._on_close,
+        )
+        self.run_until(lambda: self.connection.is_open, CONNECT_TIMEOUT)
+        # Publishing state: delivery tag -> message, answers collected by the callbacks.
+        self._tag = 0
+        self._outstanding: dict[int, OutgoingMessage] = {}
+        self._returned: dict[str, str] = {}
+        self._result = SendResult()
+        self.publisher = self.open_channel()
+        confirmed: list[Any] = []
+        self.publisher.confirm_delivery(
+            self._on_confirm, callback=lambda frame: (confirmed.append(frame), self._wake())
+        )
+        self.publisher.add_on_return_callback(self._on_return)
+        self.run_until(lambda: bool(confirmed), CONNECT_TIMEOUT)
+
+    # -- the I/O loop ------------------------------------------------------------------------
+
+    def run_until(self, done: Callable[[], bool], timeout: float) -> None:
+        ioloop = self.connection.ioloop
+        deadline = time.monotonic() + timeout
+        while not done():
+            if self.error:
+                raise TransportUnavailable(self.error)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.error = f"RabbitMQ did not answer within {timeout:g} s"
+                raise TransportUnavailable(self.error)
+            self._until = done
+            timer = ioloop.call_later(remaining, ioloop.stop)
+            try:
+                ioloop.start()
+            finally:
+                ioloop.remove_timeout(timer)
+                self._until = None
+
+    def _wake(self) -> None:
+        if self._until is not None and (self.error or self._until()):
+            self.connection.ioloop.stop()
+
+    def _on_open_error(self, _connection, exc: BaseException) -> None:
+        self.error = f"cannot connect to RabbitMQ: {exc!r}"
+        self.connection.ioloop.stop()
+
+    def _on_close(self, _connection, reason: BaseException) -> None:
+        self.error = self.error or f"RabbitMQ connection closed: {reason!r}"
+        self.connection.ioloop.stop()
+
+    @property
+    def usable(self) -> bool:
+        return self.error is None and self.connection.is_open and self.publisher.is_open
+
+    def close(self) -> None:
+        if self.connection.is_open:
+            self.connection.close()
+            with contextlib.suppress(TransportUnavailable):
+                self.run_until(lambda: self.connection.is_closed, CONNECT_TIMEOUT)
+
+    # -- channels and declarations --------------------------------------------------------------
+
+    def open_channel(self) -> Any:
+        opened: list[Any] = []
+        self.connection.channel(on_open_callback=lambda ch: (opened.append(ch), self._wake()))
+        self.run_until(lambda: bool(opened), CONNECT_TIMEOUT)
+        channel = opened[0]
+        channel.add_on_close_callback(self._on_channel_close)
+        return channel
+
+    def _on_channel_close(self, channel, reason: BaseException) -> None:
+        if channel is self._topology_channel:
+            self._channel_error = str(reason)
+        else:
+            # The publishing channel closing loses the outstanding confirms: an outage.
+            self.error = self.error or f"RabbitMQ closed the publishing channel: {reason!r}"
+        self.connection.ioloop.stop()
+
+    def declare(self, method: str, kwargs: dict[str, Any]) -> None:
+        if self._topology_channel is None or not self._topology_channel.is_open:
+            self._channel_error = None
+            self._topology_channel = self.open_channel()
+        channel = self._topology_channel
+        answers: list[Any] = []
+        getattr(channel, method)(
+            callback=lambda frame: (answers.append(frame), self._wake()), **kwargs
+        )
+        self.run_until(lambda: bool(answers) or self._channel_error is not None, CONNECT_TIMEOUT)
+        if not answers:
+            raise TopologyError(f"{method} {kwargs}: {self._channel_error}")
+
+    # -- publishing --------------------------------------------------------------------------
+
+    def publish(self, messages: Sequence[OutgoingMessage]) -> SendResult:
+        self._result = result = SendResult()
+        self._returned = {}
+        exchange = settings.RABBITMQ_EXCHANGE
+        try:
+            for message in messages:
+                self.publisher.basic_publish(
+                    exchange,
+                    topology.routing_key(message.destination, message.task),
+                    message.body,
+                    message_properties(message),
+                    # Unroutable messages come back (Basic.Return) instead of vanishing.
+                    mandatory=True,
+                )
+                self._tag += 1
+                self._outstanding[self._tag] = message
+            self.run_until(lambda: not self._outstanding, ANSWER_TIMEOUT)
+        except (TransportUnavailable, pika.exceptions.AMQPError) as exc:
+            self.error = self.error or f"RabbitMQ publish failed: {exc!r}"
+            settled = set(result.sent) | set(result.rejected)
+            result.unconfirmed = [m.key for m in messages if m.key not in settled]
+            result.error = self.error
+            self._outstanding.clear()
+        return result
+
+    def _on_return(self, _channel, method, properties, _body) -> None:
+        self._returned[properties.message_id] = f"unroutable: {method.reply_text}"
+
+    def _on_confirm(self, frame) -> None:
+        method = frame.method
+        acked = isinstance(method, spec.Basic.Ack)
+        tag = method.delivery_tag
+        outstanding = self._outstanding
+        settled = []
+        if method.multiple:
+            while outstanding:
+                first = next(iter(outstanding))
+                if first > tag:
+                    break
+                settled.append(outstanding.pop(first))
+        elif tag in outstanding:
+            settled.append(outstanding.pop(tag))
+        for message in settled:
+            reason = self._returned.pop(message.run_id, None)
+            if acked and reason is None:
+                self._result.sent.append(message.key)
+            else:
+                self._result.rejected[message.key] = reason or "nacked by RabbitMQ"
+        if not outstanding:
+            self._wake()
+
+
+class RabbitMQTransport(Transport):
+    name = "rabbitmq"
+
+    def __init__(self) -> None:
+        self._conn: _Connection | None = None
+        # Declared in this process; queues are durable, so a reconnect need not redo them.
+        self._declared: set[str] = set()
+
+    def _connection(self) -> _Connection:
+        if self._conn is not None and self._conn.usable:
+            return self._conn
+        self.close()
+        try:
+            self._conn = _Connection(connection_parameters())
+        except pika.exceptions.AMQPError as exc:
+            raise TransportUnavailable(f"cannot connect to RabbitMQ: {exc!r}") from exc
+        if "" not in self._declared:
+            method, kwargs = exchange_declaration()
+            self._declare(method, kwargs)
+            self._declared.add("")
+        return self._conn
+
+    def _declare(self, method: str, kwargs: dict[str, Any]) -> None:
+        try:
+            self._conn.declare(method, kwargs)
+        except pika.exceptions.AMQPError as exc:
+            raise TransportUnavailable(f"RabbitMQ declaration failed: {exc!r}") from exc
+
+    def setup_topology(self) -> None:
+        self._connection()
+        for queue_class in QUEUES:
+            self.ensure_destination(queue_class)
+
+    def ensure_destination(self, destination: str) -> None:
+        if destination in self._declared:
+            return
+        topology.check_destination(destination)
+        self._connection()
+        for method, kwargs in declarations(destination):
+            self._declare(method, kwargs)
+        self._declared.add(destination)
+
+    def send(self, messages: Sequence[OutgoingMessage]) -> SendResult:
+        result = SendResult()
+        if not messages:
+            return result
+        try:
+            conn = self._connection()
+        except TransportUnavailable as exc:
+            return SendResult(unconfirmed=[m.key for m in messages], error=str(exc))
+        publishable: list[OutgoingMessage] = []
+        refused: dict[str, str] = {}
+        for message in messages:
+            destination = message.destination
+            if destination not in self._declared and destination not in refused:
+                try:
+                    self.ensure_destination(destination)
+                except (topology.UnknownDestination, TopologyError) as exc:
+                    refused[destination] = str(exc)
+                except TransportUnavailable as exc:
+                    return SendResult(unconfirmed=[m.key for m in messages], error=str(exc))
+            if destination in refused:
+                result.rejected[message.key] = refused[destination]
+            else:
+                publishable.append(message)
+        published = conn.publish(publishable)
+        published.rejected.update(result.rejected)
+        if published.error:
+            self.close()
+        return published
+
+    def close(self) -> None:
+        if self._conn is not None:
+            conn, self._conn = self._conn, None
+            try:
+                conn.close()
+            except Exception:  # closing a broken connection: nothing left to save
+                logger.debug("error closing the RabbitMQ connection", exc_info=True)

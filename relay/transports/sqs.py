@@ -1,0 +1,220 @@
+"""Amazon SQS through boto3: one queue per destination, each with its dead-letter queue.
+
+``SendMessageBatch`` takes at most 10 entries and 256 KiB per call (bodies plus message
+attributes), so a batch is cut into calls that respect both. SQS answers per entry: the
+entries it refused stay pending (and back off) while the others are marked sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+from django.conf import settings
+
+from outbox.models import QUEUES
+from relay import topology
+from relay.transports.base import OutgoingMessage, SendResult, Transport, TransportUnavailable
+
+logger = logging.getLogger("hubdommed.relay")
+
+MAX_BATCH_ENTRIES = 10
+MAX_BATCH_BYTES = 256 * 1024
+TIMEOUT = 10.0
+_ALREADY_EXISTS = {
+    "QueueAlreadyExists",
+    "QueueNameExists",
+    "AWS.SimpleQueueService.QueueNameExists",
+}
+
+
+def sqs_client() -> Any:
+    """A client for ``settings.SQS_ENDPOINT_URL`` (None: the real AWS) with short timeouts."""
+    return boto3.client(
+        "sqs",
+        region_name=settings.AWS_REGION,
+        endpoint_url=settings.SQS_ENDPOINT_URL,
+        config=Config(
+            connect_timeout=TIMEOUT,
+            read_timeout=TIMEOUT,
+            retries={"max_attempts": 2, "mode": "standard"},
+            max_pool_connections=10,
+        ),
+    )
+
+
+def queue_attributes(destination: str, dead_letter_arn: str) -> dict[str, str]:
+    return {
+        "VisibilityTimeout": str(topology.VISIBILITY_TIMEOUT[topology.queue_class(destination)]),
+        "RedrivePolicy": json.dumps(
+            {"deadLetterTargetArn": dead_letter_arn, "maxReceiveCount": topology.MAX_RECEIVES}
+        ),
+    }
+
+
+def dead_letter_queue_attributes() -> dict[str, str]:
+    return {"MessageRetentionPeriod": str(topology.DEAD_LETTER_RETENTION_SECONDS)}
+
+
+def _attributes(message: OutgoingMessage) -> dict[str, dict[str, str]]:
+    attributes = {"type": {"DataType": "String", "StringValue": message.task}}
+    if message.correlation_id:
+        attributes["correlation_id"] = {
+            "DataType": "String",
+            "StringValue": message.correlation_id,
+        }
+    return attributes
+
+
+def _attributes_size(attributes: dict[str, dict[str, str]]) -> int:
+    # How SQS counts them: name, data type and value, in bytes.
+    return sum(
+        len(name.encode()) + len(value["DataType"].encode()) + len(value["StringValue"].encode())
+        for name, value in attributes.items()
+    )
+
+
+def batch_entries(
+    messages: Sequence[OutgoingMessage],
+) -> Iterator[list[tuple[OutgoingMessage, dict[str, Any]]]]:
+    """Cut messages into ``SendMessageBatch`` calls of at most 10 entries and 256 KiB."""
+    call: list[tuple[OutgoingMessage, dict[str, Any]]] = []
+    call_bytes = 0
+    for message in messages:
+        body = message.body.decode()
+        entry: dict[str, Any] = {"MessageBody": body}
+        size = len(message.body)
+        attributes = _attributes(message)
+        # The envelope already carries type and correlation id; the attributes are a
+        # convenience that must not push a message near the limit over it.
+        if size + _attributes_size(attributes) <= MAX_BATCH_BYTES:
+            entry["MessageAttributes"] = attributes
+            size += _attributes_size(attributes)
+        if call and (len(call) == MAX_BATCH_ENTRIES or call_bytes + size > MAX_BATCH_BYTES):
+            yield call
+            call, call_bytes = [], 0
+        entry["Id"] = str(len(call))
+        call.append((message, entry))
+        call_bytes += size
+    if call:
+        yield call
+
+
+def _is_outage(exc: Exception) -> bool:
+    if isinstance(exc, BotoCoreError):
+        return True
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        code = exc.response.get("Error", {}).get("Code", "")
+        return status >= 500 or "Throttl" in code or code == "RequestThrottled"
+    return False
+
+
+class SQSTransport(Transport):
+    name = "sqs"
+
+    def __init__(self) -> None:
+        self._client: Any = None
+        # destination -> queue URL, for the life of the transport.
+        self._urls: dict[str, str] = {}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = sqs_client()
+        return self._client
+
+    def setup_topology(self) -> None:
+        for queue_class in QUEUES:
+            self.ensure_destination(queue_class)
+
+    def ensure_destination(self, destination: str) -> None:
+        self.queue_url(destination)
+
+    def queue_url(self, destination: str) -> str:
+        url = self._urls.get(destination)
+        if url is not None:
+            return url
+        topology.check_destination(destination)
+        try:
+            dead_letter_url = self._create_queue(
+                topology.dead_letter_queue_name(destination), dead_letter_queue_attributes()
+            )
+            arn = self.client.get_queue_attributes(
+                QueueUrl=dead_letter_url, AttributeNames=["QueueArn"]
+            )["Attributes"]["QueueArn"]
+            url = self._create_queue(
+                topology.queue_name(destination), queue_attributes(destination, arn)
+            )
+        except (BotoCoreError, ClientError) as exc:
+            if _is_outage(exc):
+                raise TransportUnavailable(f"SQS unreachable: {exc}") from exc
+            raise
+        self._urls[destination] = url
+        return url
+
+    def _create_queue(self, name: str, attributes: dict[str, str]) -> str:
+        try:
+            return self.client.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in _ALREADY_EXISTS:
+                raise
+        # It exists with other attributes (an older timeout, say): bring it up to date.
+        url = self.client.get_queue_url(QueueName=name)["QueueUrl"]
+        self.client.set_queue_attributes(QueueUrl=url, Attributes=attributes)
+        return url
+
+    def send(self, messages: Sequence[OutgoingMessage]) -> SendResult:
+        result = SendResult()
+        by_destination: dict[str, list[OutgoingMessage]] = {}
+        for message in messages:
+            by_destination.setdefault(message.destination, []).append(message)
+        done: set[int] = set()
+        try:
+            for destination, group in by_destination.items():
+                try:
+                    url = self.queue_url(destination)
+                except (topology.UnknownDestination, ClientError) as exc:
+                    for message in group:
+                        result.rejected[message.key] = str(exc)
+                        done.add(message.key)
+                    continue
+                for call in batch_entries(group):
+                    self._send_call(url, call, result)
+                    done.update(message.key for message, _ in call)
+        except TransportUnavailable as exc:
+            result.unconfirmed = [m.key for m in messages if m.key not in done]
+            result.error = str(exc)
+        return result
+
+    def _send_call(
+        self, url: str, call: list[tuple[OutgoingMessage, dict[str, Any]]], result: SendResult
+    ) -> None:
+        try:
+            response = self.client.send_message_batch(
+                QueueUrl=url, Entries=[entry for _, entry in call]
+            )
+        except (BotoCoreError, ClientError) as exc:
+            if _is_outage(exc):
+                raise TransportUnavailable(f"SQS unreachable: {exc}") from exc
+            # The call as a whole was refused (too long, say): each of its rows backs off.
+            for message, _ in call:
+                result.rejected[message.key] = f"SQS refused the batch: {exc}"
+            return
+        by_id = {entry["Id"]: message for message, entry in call}
+        for ok in response.get("Successful", []):
+            result.sent.append(by_id[ok["Id"]].key)
+        for failed in response.get("Failed", []):
+            result.rejected[by_id[failed["Id"]].key] = (
+                f"SQS refused the message: {failed.get('Code')} {failed.get('Message', '')}"
+            )
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
