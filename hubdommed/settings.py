@@ -242,3 +242,9 @@ if not DEBUG:
 # Access tokens are signed with their own key when one is given (rotating it logs everyone out
 # without touching sessions or password resets), else with SECRET_KEY.
 ACCESS_TOKEN_SIGNING_KEY = env.str("ACCESS_TOKEN_SIGNING_KEY", default="") or SECRET_KEY
+
+# --- Machines and the automation worker ---------------------------------------------------
+# Where an automation's worker reaches the hub's API.
+HUB_URL = env.url("HUB_URL", default="http://127.0.0.1:8000", schemes=("http", "https"))
+# The local provider's lock, pid and log files, one set per automation.
+LOCAL_MACHINES_DIR = env.str("LOCAL_MACHINES_DIR", default=str(BASE_DIR / "var" / "machines"))

@@ -1,0 +1,106 @@
+"""The hub's worker API, as the automation worker calls it (HTTP, worker credential)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+
+logger = logging.getLogger("hubdommed.agent")
+
+
+class HubError(Exception):
+    """The hub answered with an error, or could not be reached."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class ClaimRefused(HubError):
+    """An expected refusal (already_claimed, concurrency_limit, not_pending)."""
+
+
+@dataclass(frozen=True)
+class AutomationInfo:
+    id: int
+    slug: str
+    command: list[str]
+    timeout_seconds: int
+    max_concurrency: int
+
+
+class HubClient:
+    def __init__(self, base_url: str, credential: str, *, timeout: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/") + "/api/v1"
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {credential}"
+        # Connection failures are retried a few times quickly; answers are never re-sent
+        # (a claim or a report that reached the hub must not be repeated blindly).
+        retry = Retry(total=3, connect=3, read=0, status=0, backoff_factor=0.2)
+        self.session.mount("http://", HTTPAdapter(max_retries=retry))
+        self.session.mount("https://", HTTPAdapter(max_retries=retry))
+
+    def close(self) -> None:
+        self.session.close()
+
+    def me(self) -> AutomationInfo:
+        body = self._call("GET", "/worker/me")
+        automation = body["automation"]
+        return AutomationInfo(
+            id=automation["id"],
+            slug=automation["slug"],
+            command=list(automation["command"]),
+            timeout_seconds=int(automation["timeout_seconds"]),
+            max_concurrency=int(automation["max_concurrency"]),
+        )
+
+    def pending_jobs(self, *, limit: int = 20) -> list[int]:
+        return [job["id"] for job in self._call("GET", "/worker/jobs", params={"limit": limit})]
+
+    def claim(self, job_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/jobs/{job_id}/start", refusal=ClaimRefused)
+
+    def heartbeat(self, job_id: int, claim_token: str, progress: Any = None) -> dict[str, Any]:
+        return self._call(
+            "POST",
+            f"/jobs/{job_id}/heartbeat",
+            json={"claim_token": claim_token, "progress": progress},
+        )
+
+    def complete(self, job_id: int, claim_token: str, **report: Any) -> dict[str, Any]:
+        return self._call(
+            "POST", f"/jobs/{job_id}/complete", json={"claim_token": claim_token, **report}
+        )
+
+    def fail(self, job_id: int, claim_token: str, **report: Any) -> dict[str, Any]:
+        return self._call(
+            "POST", f"/jobs/{job_id}/fail", json={"claim_token": claim_token, **report}
+        )
+
+    def _call(self, method: str, path: str, *, refusal=HubError, **kwargs: Any) -> Any:
+        try:
+            response = self.session.request(
+                method, self.base_url + path, timeout=self.timeout, **kwargs
+            )
+        except requests.RequestException as exc:
+            raise HubError(f"{method} {path}: hub unreachable: {exc}") from exc
+        if response.status_code < 400:
+            return response.json() if response.content else None
+        try:
+            error = response.json()["error"]
+            code, message = error["code"], error["message"]
+        except (ValueError, KeyError, TypeError):
+            code, message = "", response.text[:200]
+        cls = refusal if response.status_code == 409 else HubError
+        raise cls(
+            f"{method} {path}: {response.status_code} {code}: {message}",
+            status=response.status_code,
+            code=code,
+        )

@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from enum import StrEnum
+
+
+class MachineState(StrEnum):
+    RUNNING = "running"  # up, or coming up
+    STOPPED = "stopped"
+    STOPPING = "stopping"
+    UNKNOWN = "unknown"
+
+
+class PowerOn(StrEnum):
+    STARTED = "started"  # this call started it
+    ALREADY_RUNNING = "already_running"  # nothing to do
+
+
+class MachineProvider(ABC):
+    name: str
+
+    @abstractmethod
+    def power_on(self, worker, *, credential: str | None = None) -> PowerOn:
+        """Start the worker's machine unless it is up already (idempotent).
+
+        ``credential`` is handed to machines the hub provisions itself (``local``);
+        a cloud machine keeps the one it was provisioned with.
+        """
+
+    @abstractmethod
+    def power_off(self, worker) -> None:
+        """Stop the machine (idempotent)."""
+
+    @abstractmethod
+    def state(self, worker) -> MachineState:
+        """What the provider says the machine is doing now."""
+
+    def needs_credential(self) -> bool:
+        """Whether ``power_on`` must be given a fresh credential to start a machine."""
+        return False
