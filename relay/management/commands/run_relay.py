@@ -26,6 +26,8 @@ logger = logging.getLogger("hubdommed.relay")
 
 # Schedules are looked at no more often than this (seconds); their periods are hours.
 SCHEDULE_CHECK_INTERVAL = 1.0
+# Longest single BLPOP (seconds): how long SIGTERM may wait while the relay is idle.
+BLPOP_SLICE = 1.0
 
 
 class Command(BaseCommand):
@@ -75,8 +77,16 @@ class Command(BaseCommand):
     def wait_for_signal(self) -> None:
         """Block until the wake signal or the sweep interval, whichever comes first."""
         timeout = settings.RELAY_SWEEP_INTERVAL
+        deadline = time.monotonic() + timeout
         try:
-            self.redis.blpop([settings.OUTBOX_WAKE_KEY], timeout=timeout)
+            # In slices, so that SIGTERM never waits a whole (possibly long) sweep interval.
+            while not self.shutdown:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                slice_ = min(remaining, BLPOP_SLICE)
+                if self.redis.blpop([settings.OUTBOX_WAKE_KEY], timeout=slice_) is not None:
+                    break
         except (redis.RedisError, OSError) as exc:
             if not self._redis_down:
                 logger.warning(
@@ -97,8 +107,8 @@ class Command(BaseCommand):
             self._redis = redis.Redis.from_url(
                 settings.REDIS_URL,
                 socket_connect_timeout=settings.REDIS_SOCKET_TIMEOUT,
-                # BLPOP holds the socket for the whole sweep interval.
-                socket_timeout=settings.RELAY_SWEEP_INTERVAL + 5,
+                # BLPOP holds the socket for up to a slice.
+                socket_timeout=BLPOP_SLICE + 5,
             )
         return self._redis
 

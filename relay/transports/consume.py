@@ -1,0 +1,195 @@
+"""The consume side of a broker transport: what a worker does with a received message.
+
+A ``Consumer`` hands out ``Delivery`` objects and settles each exactly once, in one of
+four ways:
+
+- ``ack``: done, never deliver it again;
+- ``release``: give it back now, untouched (a worker shutting down);
+- ``retry_later``: give it back after a delay (a transient failure); only a transport
+  with ``can_delay`` honours the delay (SQS, through the message's visibility); RabbitMQ
+  has no delay of its own that we use (the design keeps delays in the outbox's
+  ``available_at``), so there it returns the message at once and the layer above is
+  expected to re-arm the outbox row instead (see docs/worker.md);
+- ``dead_letter``: park it in its queue's dead-letter queue with the error's context.
+
+While a message is being worked on, ``extend`` keeps it from being delivered elsewhere
+(SQS: ``ChangeMessageVisibility``; RabbitMQ: nothing to do, the message stays unacked
+while the connection's heartbeats flow).
+
+Settling methods may be called from any thread. Nothing here touches the database, so
+a worker that has none (an automation's own worker) runs on the same layer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+# How much of a traceback travels with a dead-lettered message.
+TRACEBACK_EXCERPT_CHARS = 2000
+ERROR_MESSAGE_CHARS = 1000
+
+
+class BadMessage(ValueError):
+    """A message that is not a JSON object: no retry can fix it."""
+
+
+@dataclass(eq=False)
+class Delivery:
+    """One received message, with what the transport needs to settle it."""
+
+    destination: str
+    body: bytes
+    # Transport-specific handle: a delivery tag (RabbitMQ) or receipt handle (SQS).
+    receipt: Any
+    # How many times the broker has delivered it, this one included (best effort: SQS's
+    # ApproximateReceiveCount, RabbitMQ's x-delivery-count + 1).
+    broker_receive_count: int = 1
+    message_id: str | None = None
+    properties: Any = None
+    received_at: float = field(default_factory=time.monotonic)
+    # The connection generation it arrived on (RabbitMQ): a tag from an older
+    # connection cannot be settled any more, the broker already took the message back.
+    generation: int = 0
+    settled: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @cached_property
+    def envelope(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.body)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise BadMessage(f"message body is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise BadMessage("message body is not a JSON object")
+        return data
+
+    @property
+    def run_id(self) -> str | None:
+        try:
+            value = self.envelope.get("run_id")
+        except BadMessage:
+            return self.message_id
+        return str(value) if value else self.message_id
+
+    @contextmanager
+    def settling(self) -> Iterator[bool]:
+        """Hold the right to settle: yields True to exactly one caller, ever.
+
+        The worker finishing a task and the shutdown giving the message back may race;
+        whichever comes first settles it (and records the run's state), the other does
+        nothing.
+        """
+        with self._lock:
+            if self.settled:
+                yield False
+                return
+            self.settled = True
+            yield True
+
+
+@dataclass(frozen=True)
+class FailureContext:
+    """Why a message was dead-lettered, carried with it to the dead-letter queue."""
+
+    error_type: str
+    message: str
+    traceback: str
+    receive_count: int
+    failed_at: str
+    worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, *, receive_count: int, tb: str) -> FailureContext:
+        kind = type(exc)
+        return cls(
+            error_type=f"{kind.__module__}.{kind.__qualname__}",
+            message=str(exc)[:ERROR_MESSAGE_CHARS],
+            traceback=tb[-TRACEBACK_EXCERPT_CHARS:],
+            receive_count=receive_count,
+            failed_at=_utc_now(),
+        )
+
+    def as_dict(self) -> dict[str, str]:
+        """As message headers/attributes: ``x-error-*`` strings."""
+        return {
+            "x-error-type": self.error_type,
+            "x-error-message": self.message,
+            "x-error-traceback": self.traceback,
+            "x-error-receive-count": str(self.receive_count),
+            "x-error-failed-at": self.failed_at,
+            "x-error-worker": self.worker,
+        }
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class Consumer(ABC):
+    name: str
+    # Whether ``retry_later`` honours its delay (else the message comes back at once).
+    can_delay: bool = False
+
+    @abstractmethod
+    def start(self, destinations: Sequence[str], prefetch: int) -> None:
+        """Connect, make sure the destinations' queues exist, start receiving (at most
+        ``prefetch`` unsettled messages at a time)."""
+
+    @abstractmethod
+    def poll(self, timeout: float) -> list[Delivery]:
+        """Wait up to ``timeout`` seconds for deliveries. Called from one thread only (the
+        one that called ``start``), often: on RabbitMQ it is also what moves the
+        connection's I/O (heartbeats, settlements asked for by other threads)."""
+
+    @abstractmethod
+    def stop_fetching(self) -> None:
+        """Receive nothing more; what is held stays held until settled."""
+
+    @abstractmethod
+    def ack(self, delivery: Delivery) -> None: ...
+
+    @abstractmethod
+    def release(self, delivery: Delivery) -> None: ...
+
+    @abstractmethod
+    def retry_later(self, delivery: Delivery, delay: float) -> None: ...
+
+    @abstractmethod
+    def dead_letter(self, delivery: Delivery, failure: FailureContext) -> None:
+        """Put a copy in the destination's dead-letter queue with ``failure``, then ack."""
+
+    @abstractmethod
+    def extend(self, delivery: Delivery) -> None:
+        """Heartbeat: keep the message from being delivered elsewhere a while longer."""
+
+    @abstractmethod
+    def heartbeat_interval(self, delivery: Delivery) -> float | None:
+        """Seconds between ``extend`` calls for this delivery; None: not needed."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+def get_consumer(broker: str | None = None) -> Consumer:
+    from django.conf import settings
+
+    broker = broker or settings.BROKER
+    if broker == "rabbitmq":
+        from relay.transports.consume_rabbitmq import RabbitMQConsumer
+
+        return RabbitMQConsumer()
+    if broker == "sqs":
+        from relay.transports.consume_sqs import SQSConsumer
+
+        return SQSConsumer()
+    raise ValueError(f"unknown broker {broker!r} (known: rabbitmq, sqs)")

@@ -1,0 +1,213 @@
+"""Consuming from RabbitMQ with pika's ``BlockingConnection``, owned by one I/O thread.
+
+pika is not thread-safe, so one thread (the worker's main loop) owns the connection and
+calls ``poll`` many times a second: that is what sends and answers the connection's
+heartbeats, even while every task of the process runs for an hour in other threads.
+A worker thread that settles a message asks the I/O thread to do it
+(``add_callback_threadsafe``) and waits for the answer.
+
+A message being worked on simply stays unacked: the broker keeps it from everyone else
+and gives it back if the connection dies (which is what a killed worker looks like).
+``basic_qos(prefetch_count=N)`` keeps at most N unacked messages on this connection.
+
+Dead-lettering publishes a copy, through the default exchange, to the queue's ``-dlq``
+with the error in ``x-error-*`` headers, on a channel with publisher confirms, and acks
+the original only once the broker confirmed the copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from functools import partial
+from typing import Any, TypeVar
+
+import pika
+import pika.exceptions
+from django.conf import settings
+
+from relay import topology
+from relay.transports.base import TransportUnavailable
+from relay.transports.consume import Consumer, Delivery, FailureContext
+from relay.transports.rabbitmq import connection_parameters, declarations, exchange_declaration
+
+logger = logging.getLogger("hubdommed.worker")
+
+T = TypeVar("T")
+
+# Seconds a worker thread waits for the I/O thread to settle a message.
+SETTLE_TIMEOUT = 30.0
+
+
+class RabbitMQConsumer(Consumer):
+    name = "rabbitmq"
+    can_delay = False
+
+    def __init__(self, url: str | None = None) -> None:
+        self._url = url
+        self._connection: pika.BlockingConnection | None = None
+        self._channel: Any = None
+        self._publisher: Any = None
+        self._io_thread: int | None = None
+        self._received: list[Delivery] = []
+        self._consumer_tags: list[str] = []
+        self._generation = 0
+
+    # -- connection ------------------------------------------------------------------------
+
+    def start(self, destinations: Sequence[str], prefetch: int) -> None:
+        params = connection_parameters(self._url)
+        if settings.WORKER_RABBITMQ_HEARTBEAT:
+            params.heartbeat = settings.WORKER_RABBITMQ_HEARTBEAT
+        try:
+            self._connection = pika.BlockingConnection(params)
+            self._io_thread = threading.get_ident()
+            self._generation += 1
+            channel = self._connection.channel()
+            method, kwargs = exchange_declaration()
+            getattr(channel, method)(**kwargs)
+            for destination in destinations:
+                for method, kwargs in declarations(destination):
+                    getattr(channel, method)(**kwargs)
+            channel.basic_qos(prefetch_count=prefetch)
+            self._consumer_tags = [
+                channel.basic_consume(
+                    topology.queue_name(destination),
+                    on_message_callback=partial(self._on_message, destination),
+                )
+                for destination in destinations
+            ]
+            self._channel = channel
+            self._publisher = self._connection.channel()
+            self._publisher.confirm_delivery()
+        except pika.exceptions.AMQPError as exc:
+            self.close()
+            raise TransportUnavailable(f"cannot consume from RabbitMQ: {exc!r}") from exc
+
+    def _on_message(self, destination: str, _channel, method, properties, body: bytes) -> None:
+        headers = properties.headers or {}
+        # Quorum queues count earlier deliveries of this very message.
+        earlier = headers.get("x-delivery-count") or 0
+        self._received.append(
+            Delivery(
+                destination=destination,
+                body=body,
+                receipt=method.delivery_tag,
+                broker_receive_count=int(earlier) + 1,
+                message_id=properties.message_id,
+                properties=properties,
+                generation=self._generation,
+            )
+        )
+
+    def poll(self, timeout: float) -> list[Delivery]:
+        if self._connection is None:
+            raise TransportUnavailable("not connected to RabbitMQ")
+        try:
+            # Returns early when something arrives (a delivery, a settlement to run).
+            self._connection.process_data_events(time_limit=timeout)
+        except pika.exceptions.AMQPError as exc:
+            self.close()
+            raise TransportUnavailable(f"RabbitMQ connection lost: {exc!r}") from exc
+        received, self._received = self._received, []
+        return received
+
+    def stop_fetching(self) -> None:
+        channel, tags, self._consumer_tags = self._channel, self._consumer_tags, []
+        if channel is None or not channel.is_open:
+            return
+        try:
+            for tag in tags:
+                # Messages the broker sent but our callback has not seen yet go back.
+                channel.basic_cancel(tag)
+        except pika.exceptions.AMQPError as exc:
+            logger.warning("could not cancel the RabbitMQ consumers: %r", exc)
+
+    def close(self) -> None:
+        connection, self._connection = self._connection, None
+        self._channel = self._publisher = None
+        if connection is not None and connection.is_open:
+            try:
+                connection.close()
+            except Exception:  # closing a broken connection: the broker requeues anyway
+                logger.debug("error closing the RabbitMQ connection", exc_info=True)
+
+    # -- settling (any thread) -------------------------------------------------------------
+
+    def _on_io_thread(self, fn: Callable[[], T]) -> T:
+        connection = self._connection
+        if connection is None:
+            raise TransportUnavailable("not connected to RabbitMQ")
+        if threading.get_ident() == self._io_thread:
+            return fn()
+        answer: Future = Future()
+
+        def run() -> None:
+            try:
+                answer.set_result(fn())
+            except BaseException as exc:
+                answer.set_exception(exc)
+
+        try:
+            connection.add_callback_threadsafe(run)
+        except pika.exceptions.AMQPError as exc:
+            raise TransportUnavailable(f"RabbitMQ connection lost: {exc!r}") from exc
+        return answer.result(timeout=SETTLE_TIMEOUT)
+
+    def _settle(self, delivery: Delivery, action: Callable[[Any], None]) -> None:
+        def run() -> None:
+            channel = self._channel
+            if delivery.generation != self._generation or channel is None or not channel.is_open:
+                # The connection it came on is gone, and the broker took it back with it.
+                raise TransportUnavailable("the message's connection is gone; it was requeued")
+            try:
+                action(channel)
+            except pika.exceptions.AMQPError as exc:
+                raise TransportUnavailable(f"RabbitMQ refused to settle: {exc!r}") from exc
+
+        self._on_io_thread(run)
+
+    def ack(self, delivery: Delivery) -> None:
+        self._settle(delivery, lambda channel: channel.basic_ack(delivery.receipt))
+
+    def release(self, delivery: Delivery) -> None:
+        self._settle(delivery, lambda channel: channel.basic_nack(delivery.receipt, requeue=True))
+
+    def retry_later(self, delivery: Delivery, delay: float) -> None:
+        # No broker-side delay here by design: the message comes back at once. The task
+        # runtime re-arms the outbox row instead (available_at) and acks.
+        self.release(delivery)
+
+    def dead_letter(self, delivery: Delivery, failure: FailureContext) -> None:
+        def park(channel) -> None:
+            original = delivery.properties or pika.BasicProperties()
+            headers = dict(original.headers or {})
+            headers.update(failure.as_dict())
+            headers["x-original-queue"] = topology.queue_name(delivery.destination)
+            properties = pika.BasicProperties(
+                content_type=original.content_type,
+                delivery_mode=pika.DeliveryMode.Persistent,
+                message_id=original.message_id,
+                type=original.type,
+                correlation_id=original.correlation_id,
+                headers=headers,
+            )
+            # Confirmed (the publisher channel is in confirm mode) before the ack below.
+            self._publisher.basic_publish(
+                "",
+                topology.dead_letter_queue_name(delivery.destination),
+                delivery.body,
+                properties,
+                mandatory=True,
+            )
+            channel.basic_ack(delivery.receipt)
+
+        self._settle(delivery, park)
+
+    def extend(self, delivery: Delivery) -> None:
+        """Nothing to do: an unacked message stays ours while the connection lives."""
+
+    def heartbeat_interval(self, delivery: Delivery) -> float | None:
+        return None
