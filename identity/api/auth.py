@@ -13,9 +13,9 @@ from identity import services
 from identity.api.common import validated
 from identity.api.serializers import (
     ErrorSerializer,
-    LoginRequestSerializer,
+    LoginSerializer,
     MeSerializer,
-    RefreshRequestSerializer,
+    RefreshSerializer,
     TokenPairSerializer,
 )
 from identity.permissions import IsPerson
@@ -47,7 +47,7 @@ class LoginApi(APIView):
     @extend_schema(
         tags=[TAG],
         auth=[],
-        request=LoginRequestSerializer,
+        request=LoginSerializer,
         responses={
             200: TokenPairSerializer,
             401: OpenApiResponse(
@@ -63,7 +63,7 @@ class LoginApi(APIView):
         summary="Log in with email and password",
     )
     def post(self, request):
-        data = validated(LoginRequestSerializer, request.data)
+        data = validated(LoginSerializer, request.data)
         return _token_pair_response(
             services.user_login(email=data["email"], password=data["password"])
         )
@@ -76,7 +76,7 @@ class RefreshApi(APIView):
     @extend_schema(
         tags=[TAG],
         auth=[],
-        request=RefreshRequestSerializer,
+        request=RefreshSerializer,
         responses={
             200: TokenPairSerializer,
             401: OpenApiResponse(
@@ -88,7 +88,7 @@ class RefreshApi(APIView):
         summary="Exchange a refresh token for a new token pair",
     )
     def post(self, request):
-        data = validated(RefreshRequestSerializer, request.data)
+        data = validated(RefreshSerializer, request.data)
         return _token_pair_response(services.refresh_token_rotate(token=data["refresh_token"]))
 
 
@@ -99,12 +99,12 @@ class LogoutApi(APIView):
     @extend_schema(
         tags=[TAG],
         auth=[],
-        request=RefreshRequestSerializer,
+        request=RefreshSerializer,
         responses={204: OpenApiResponse(description="The session is ended.")},
         summary="End the session of a refresh token",
     )
     def post(self, request):
-        data = validated(RefreshRequestSerializer, request.data)
+        data = validated(RefreshSerializer, request.data)
         services.refresh_token_revoke(token=data["refresh_token"])
         return Response(status=status.HTTP_204_NO_CONTENT)
 

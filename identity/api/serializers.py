@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from identity.models import Tenant, User
 
 
+# Named apart from other modules' copies of the same shape, which drf-spectacular would
+# otherwise see as two different "Error" components.
+@extend_schema_serializer(component_name="IdentityErrorBody")
 class ErrorBodySerializer(serializers.Serializer):
     code = serializers.CharField(help_text="Stable and machine-readable.")
     message = serializers.CharField(help_text="For people.")
     details = serializers.DictField(help_text="Field errors or context.")
 
 
+@extend_schema_serializer(component_name="IdentityError")
 class ErrorSerializer(serializers.Serializer):
-    """The one error format of the API."""
+    """The one error format of the API: ``{"error": {"code", "message", "details"}}``."""
 
     error = ErrorBodySerializer()
 
@@ -22,12 +27,12 @@ class ErrorSerializer(serializers.Serializer):
 # --- Sessions -----------------------------------------------------------------------------
 
 
-class LoginRequestSerializer(serializers.Serializer):
+class LoginSerializer(serializers.Serializer):
     email = serializers.CharField(max_length=254, trim_whitespace=True)
     password = serializers.CharField(max_length=4096, trim_whitespace=False, write_only=True)
 
 
-class RefreshRequestSerializer(serializers.Serializer):
+class RefreshSerializer(serializers.Serializer):
     refresh_token = serializers.CharField(max_length=200, trim_whitespace=True, write_only=True)
 
 
@@ -52,14 +57,14 @@ class TenantSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TenantCreateRequestSerializer(serializers.Serializer):
+class TenantCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
     slug = serializers.SlugField(
         max_length=100, required=False, help_text="Derived from the name when omitted."
     )
 
 
-class TenantRenameRequestSerializer(serializers.Serializer):
+class TenantRenameSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
 
 
@@ -104,7 +109,7 @@ class MeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class UserRegisterRequestSerializer(serializers.Serializer):
+class UserRegisterSerializer(serializers.Serializer):
     email = serializers.EmailField(max_length=254)
     full_name = serializers.CharField(max_length=200, required=False, default="")
     password = serializers.CharField(max_length=4096, trim_whitespace=False, write_only=True)
@@ -116,7 +121,7 @@ class UserRegisterRequestSerializer(serializers.Serializer):
     )
 
 
-class UserUpdateRequestSerializer(serializers.Serializer):
+class UserUpdateSerializer(serializers.Serializer):
     full_name = serializers.CharField(max_length=200, required=False)
     role = serializers.ChoiceField(choices=User.Role.choices, required=False)
 

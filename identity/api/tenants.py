@@ -11,9 +11,9 @@ from identity import selectors, services
 from identity.api.common import NeverDeleted, paginated, query, validated
 from identity.api.serializers import (
     ErrorSerializer,
-    TenantCreateRequestSerializer,
+    TenantCreateSerializer,
     TenantListQuerySerializer,
-    TenantRenameRequestSerializer,
+    TenantRenameSerializer,
     TenantSerializer,
 )
 from identity.permissions import IsPlatformAdmin
@@ -38,7 +38,7 @@ class TenantCollectionApi(NeverDeleted, APIView):
 
     @extend_schema(
         tags=[TAG],
-        request=TenantCreateRequestSerializer,
+        request=TenantCreateSerializer,
         responses={
             201: TenantSerializer,
             409: OpenApiResponse(ErrorSerializer, description="The slug is taken."),
@@ -46,7 +46,7 @@ class TenantCollectionApi(NeverDeleted, APIView):
         summary="Create a tenant",
     )
     def post(self, request):
-        data = validated(TenantCreateRequestSerializer, request.data)
+        data = validated(TenantCreateSerializer, request.data)
         tenant = services.tenant_create(**data, actor=request.user)
         return Response(TenantSerializer(tenant).data, status=status.HTTP_201_CREATED)
 
@@ -63,13 +63,13 @@ class TenantDetailApi(NeverDeleted, APIView):
 
     @extend_schema(
         tags=[TAG],
-        request=TenantRenameRequestSerializer,
+        request=TenantRenameSerializer,
         responses={200: TenantSerializer, 404: NOT_FOUND, 409: CONFLICT},
         summary="Rename a tenant",
     )
     def patch(self, request, tenant_id: int):
         tenant = selectors.tenant_for_admin(tenant_id)
-        data = validated(TenantRenameRequestSerializer, request.data)
+        data = validated(TenantRenameSerializer, request.data)
         tenant = services.tenant_rename(tenant=tenant, name=data["name"], actor=request.user)
         return Response(TenantSerializer(tenant).data)
 

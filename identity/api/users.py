@@ -16,9 +16,9 @@ from identity.api.common import NeverDeleted, paginated, query, validated
 from identity.api.serializers import (
     ErrorSerializer,
     UserListQuerySerializer,
-    UserRegisterRequestSerializer,
+    UserRegisterSerializer,
     UserSerializer,
-    UserUpdateRequestSerializer,
+    UserUpdateSerializer,
 )
 from identity.permissions import IsPlatformAdmin, IsTenantManager
 
@@ -48,7 +48,7 @@ class UserCollectionApi(NeverDeleted, APIView):
 
     @extend_schema(
         tags=[TAG],
-        request=UserRegisterRequestSerializer,
+        request=UserRegisterSerializer,
         responses={
             201: UserSerializer,
             404: OpenApiResponse(ErrorSerializer, description="No such tenant."),
@@ -59,7 +59,7 @@ class UserCollectionApi(NeverDeleted, APIView):
         summary="Register a user in a tenant",
     )
     def post(self, request):
-        data = validated(UserRegisterRequestSerializer, request.data)
+        data = validated(UserRegisterSerializer, request.data)
         tenant = selectors.tenant_for_registration(
             caller=request.user, tenant_id=data.pop("tenant", None)
         )
@@ -80,7 +80,7 @@ class UserDetailApi(NeverDeleted, APIView):
 
     @extend_schema(
         tags=[TAG],
-        request=UserUpdateRequestSerializer,
+        request=UserUpdateSerializer,
         responses={
             200: UserSerializer,
             404: NOT_FOUND,
@@ -90,7 +90,7 @@ class UserDetailApi(NeverDeleted, APIView):
     )
     def patch(self, request, user_id: int):
         user = selectors.user_for_caller(caller=request.user, user_id=user_id)
-        data = validated(UserUpdateRequestSerializer, request.data)
+        data = validated(UserUpdateSerializer, request.data)
         user = services.user_update(user=user, **data, actor=request.user)
         return Response(UserSerializer(user).data)
 
