@@ -7,11 +7,13 @@ automation: another automation's job is a 404, as if it did not exist.
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework.permissions import IsAuthenticated
+from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from automation.authentication import WorkerAuthentication
+from automation.models import Worker
+from common.errors import Conflict
 from job.api.serializers import (
     ClaimedJobOutput,
     CompleteInput,
@@ -37,10 +39,18 @@ _REPORT_CONFLICTS = OpenApiResponse(
 )
 
 
+class IsWorker(BasePermission):
+    """The caller is an automation's worker (``request.user`` is its ``Worker``)."""
+
+    message = "Only an automation's worker may do this."
+
+    def has_permission(self, request, view) -> bool:
+        return isinstance(request.user, Worker) and request.user.is_active
+
+
 class WorkerApi(APIView):
-    # The worker credential is the only way in, so an authenticated caller is a worker.
     authentication_classes = [WorkerAuthentication]
-    permission_classes = [IsAuthenticated]
+    permission_classes = [IsWorker]
 
 
 class WorkerJobPollApi(WorkerApi):
@@ -83,6 +93,14 @@ class JobStartApi(WorkerApi):
     def post(self, request, job_id: int):
         job = job_claim(worker=request.user, job_id=job_id)
         return Response(ClaimedJobOutput(job).data)
+
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)
+        if isinstance(exc, Conflict):
+            # A refused claim is normal traffic, already logged at info by job_claim;
+            # keep django.request from logging each one again as a warning.
+            response._has_been_logged = True
+        return response
 
 
 class JobHeartbeatApi(WorkerApi):

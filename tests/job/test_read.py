@@ -1,0 +1,127 @@
+"""Reading jobs: GET /api/v1/jobs and /api/v1/jobs/{id}, tenant-scoped."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from tests.job.factories import AutomationFactory, JobFactory, RunningJobFactory
+
+pytestmark = pytest.mark.django_db
+
+URL = "/api/v1/jobs"
+
+
+def ids(response) -> list[int]:
+    return [item["id"] for item in response.json()["results"]]
+
+
+def test_the_list_shows_the_tenants_jobs_newest_first(person_client, user, other_tenant):
+    now = timezone.now()
+    old = JobFactory(tenant=user.tenant, created_at=now - timedelta(hours=2))
+    new = JobFactory(tenant=user.tenant, created_at=now)
+    JobFactory(tenant=other_tenant)
+
+    response = person_client.get(URL)
+
+    assert response.status_code == 200
+    assert ids(response) == [new.id, old.id]
+
+
+def test_the_list_pages_with_a_cursor_without_repeats_or_gaps(person_client, user):
+    now = timezone.now()
+    jobs = [JobFactory(tenant=user.tenant, created_at=now - timedelta(minutes=i)) for i in range(5)]
+    # Two jobs created at the same instant are still ordered (by id).
+    jobs.append(JobFactory(tenant=user.tenant, created_at=jobs[-1].created_at))
+
+    seen, url = [], f"{URL}?limit=2"
+    while url:
+        page = person_client.get(url).json()
+        seen.extend(item["id"] for item in page["results"])
+        url = page["next"]
+
+    assert sorted(seen) == sorted(job.id for job in jobs)
+    assert len(seen) == len(set(seen))
+
+
+def test_the_list_filters_by_status_automation_and_creation_time(person_client, user):
+    now = timezone.now()
+    automation = AutomationFactory()
+    pending = JobFactory(tenant=user.tenant, automation=automation, created_at=now)
+    running = RunningJobFactory(tenant=user.tenant, created_at=now - timedelta(days=2))
+    JobFactory(tenant=user.tenant, status="failed", created_at=now - timedelta(days=2))
+
+    assert ids(person_client.get(URL, {"status": "pending,running"})) == [pending.id, running.id]
+    assert ids(person_client.get(URL, {"automation": automation.id})) == [pending.id]
+    since = (now - timedelta(days=1)).isoformat()
+    assert ids(person_client.get(URL, {"created_after": since})) == [pending.id]
+    assert ids(person_client.get(URL, {"created_before": since, "status": "running"})) == [
+        running.id
+    ]
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"status": "lost"},
+        {"automation": "x"},
+        {"created_after": "yesterday"},
+        {"created_after": "2030-01-02T00:00:00Z", "created_before": "2030-01-01T00:00:00Z"},
+    ],
+)
+def test_a_bad_filter_is_a_400(person_client, query):
+    response = person_client.get(URL, query)
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid"
+
+
+def test_a_job_shows_its_state_timestamps_requester_and_outcome(person_client, user):
+    job = JobFactory(
+        tenant=user.tenant,
+        requested_by=user,
+        status="failed",
+        attempt=1,
+        error="boom",
+        output_tail="tail",
+        exit_code=2,
+        failure_reason="exit_code",
+        started_at=timezone.now(),
+        finished_at=timezone.now(),
+    )
+
+    body = person_client.get(f"{URL}/{job.id}").json()
+
+    assert body["id"] == job.id
+    assert body["status"] == "failed"
+    assert body["requested_by"] == user.id
+    assert body["attempt"] == 1
+    assert (body["error"], body["output_tail"], body["exit_code"]) == ("boom", "tail", 2)
+    assert body["failure_reason"] == "exit_code"
+    for stamp in ("created_at", "started_at", "finished_at", "updated_at"):
+        assert body[stamp] is not None
+    assert "claim_token" not in body  # the claim is the worker's secret
+
+
+def test_a_tenant_cannot_see_another_tenants_job(person_client, other_tenant):
+    job = JobFactory(tenant=other_tenant)
+
+    response = person_client.get(f"{URL}/{job.id}")
+
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "job_not_found"
+
+
+def test_guessing_ids_finds_nothing_of_another_tenant(person_client, other_tenant):
+    jobs = JobFactory.create_batch(3, tenant=other_tenant)
+
+    statuses = {person_client.get(f"{URL}/{job.id}").status_code for job in jobs}
+
+    assert statuses == {404}
+    assert person_client.get(URL).json()["results"] == []
+
+
+def test_anonymous_callers_cannot_list_jobs(client):
+    assert client.get(URL).status_code == 401
