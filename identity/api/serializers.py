@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema_serializer
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from identity.models import Tenant, User
@@ -101,7 +101,14 @@ class UserSerializer(serializers.ModelSerializer):
 
 class MeSerializer(serializers.ModelSerializer):
     tenant = TenantSummarySerializer(allow_null=True, read_only=True)
+    role = serializers.SerializerMethodField(help_text="Null for platform admins (no tenant).")
     is_platform_admin = serializers.BooleanField(read_only=True)
+
+    @extend_schema_field(
+        serializers.ChoiceField(choices=User.Role.choices, allow_null=True, read_only=True)
+    )
+    def get_role(self, user: User) -> str | None:
+        return user.role if user.tenant_id is not None else None
 
     class Meta:
         model = User
