@@ -5,6 +5,9 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 from django.db.models.lookups import Exact
+from django.utils import timezone
+
+from common.errors import Conflict
 
 
 class Automation(models.Model):
@@ -58,6 +61,16 @@ class Automation(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def ensure_active(self) -> None:
+        """A deactivated automation is read-only: its jobs and events keep their meaning."""
+        if not self.is_active:
+            raise Conflict("The automation is not active.", code="automation_inactive")
+
+    def deactivate(self) -> None:
+        self.ensure_active()
+        self.is_active = False
+        self.deactivated_at = timezone.now()
+
 
 class Worker(models.Model):
     """The dedicated machine of one automation, and the credential it calls the hub with."""
@@ -91,9 +104,49 @@ class Worker(models.Model):
 
     class Meta:
         db_table = "workers"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(provider__in=["local", "ec2"]), name="workers_provider_check"
+            ),
+            models.CheckConstraint(
+                condition=Q(
+                    status__in=["offline", "starting", "online", "stopping", "deactivated"]
+                ),
+                name="workers_status_check",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"worker of {self.automation_id} ({self.provider})"
+
+    def machine(self) -> tuple[str, str, str]:
+        return (self.provider, self.machine_id, self.region)
+
+    def register_machine(self, *, provider: str, machine_id: str, region: str) -> bool:
+        """Point the worker at a machine; True when it is a different machine than before.
+
+        A new machine starts over as ``offline``: nothing is known about it yet.
+        """
+        if not self.is_active:
+            raise Conflict("The worker is not active.", code="worker_inactive")
+        if (provider, machine_id, region) == self.machine():
+            return False
+        self.provider, self.machine_id, self.region = provider, machine_id, region
+        self.status = self.Status.OFFLINE
+        self.last_seen_at = None
+        return True
+
+    def set_credential(self, credential: str, digest: str) -> None:
+        """Keep only the hash (and a short prefix to tell credentials apart)."""
+        self.credential_hash = digest
+        self.credential_prefix = credential[:12]
+        self.credential_rotated_at = timezone.now()
+
+    def deactivate(self) -> None:
+        if not self.is_active:
+            raise Conflict("The worker is not active.", code="worker_inactive")
+        self.is_active = False
+        self.status = self.Status.DEACTIVATED
 
     # A worker is a principal of its own for DRF (request.user is the Worker).
     is_authenticated = True

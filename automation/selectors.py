@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.db.models import Q, QuerySet
+
 from automation.models import Automation, Worker
 
 
@@ -18,3 +20,28 @@ def automation_get_by_slug(slug: str) -> Automation | None:
 
 def worker_of_automation(automation_id: int) -> Worker | None:
     return Worker.objects.filter(automation_id=automation_id).first()
+
+
+def automation_get_with_worker(automation_id: int) -> Automation | None:
+    return Automation.objects.select_related("worker").filter(pk=automation_id).first()
+
+
+def automation_list(
+    *, active: bool | None = None, sector_id: int | None = None, search: str = ""
+) -> QuerySet[Automation]:
+    """Automations with their worker, in catalog order."""
+    queryset = Automation.objects.select_related("worker")
+    if active is not None:
+        queryset = queryset.filter(is_active=active)
+    if sector_id is not None:
+        queryset = queryset.filter(sector_id=sector_id)
+    if search:
+        queryset = queryset.filter(
+            Q(name__icontains=search) | Q(slug__icontains=search) | Q(description__icontains=search)
+        )
+    return queryset
+
+
+def automation_count_active_in_sector(sector_id: int) -> int:
+    """How many active automations a sector classifies (the sector's deactivation rule)."""
+    return Automation.objects.filter(sector_id=sector_id, is_active=True).count()

@@ -3,6 +3,9 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
+from django.utils import timezone
+
+from common.errors import Conflict
 
 
 class Sector(models.Model):
@@ -29,3 +32,13 @@ class Sector(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def ensure_active(self) -> None:
+        """Retired sectors are read-only: the trail of what they were stays true."""
+        if not self.is_active:
+            raise Conflict("The sector is not active.", code="sector_inactive")
+
+    def deactivate(self) -> None:
+        self.ensure_active()
+        self.is_active = False
+        self.deactivated_at = timezone.now()

@@ -1,0 +1,314 @@
+"""The automations API: thin views, one service call each.
+
+Every person reads active automations; platform admins also see retired ones, see the
+worker's machine, and are the only ones who write. Creating an automation (and rotating
+its worker's credential) returns the worker's credential once: it is not stored, only its
+hash. Automations are never deleted: ``DELETE`` is refused and points to
+``POST /api/v1/automations/{id}/deactivate``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from rest_framework import exceptions, generics, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from automation.models import Automation, Worker
+from automation.selectors import automation_get_with_worker, automation_list
+from automation.services import (
+    automation_create,
+    automation_deactivate,
+    automation_update,
+    worker_rotate_credential,
+)
+from common.errors import NotFound
+from identity.permissions import IsPerson, IsPlatformAdmin
+
+CREDENTIAL_HELP = "The worker's credential. Shown this once: only its hash is kept."
+
+
+@extend_schema_field({"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1})
+class CommandField(serializers.JSONField):
+    """The argument list the worker executes (no shell)."""
+
+
+@extend_schema_field({"type": "object", "nullable": True, "additionalProperties": True})
+class JsonSchemaField(serializers.JSONField):
+    """A JSON Schema (draft 2020-12) for the job parameters; null accepts any object."""
+
+
+class WorkerSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Worker
+        fields = (
+            "id",
+            "provider",
+            "machine_id",
+            "region",
+            "status",
+            "last_seen_at",
+            "credential_prefix",
+            "credential_rotated_at",
+            "is_active",
+        )
+        read_only_fields = fields
+
+
+class WorkerWithCredentialSerializer(WorkerSerializer):
+    credential = serializers.SerializerMethodField(help_text=CREDENTIAL_HELP)
+
+    class Meta(WorkerSerializer.Meta):
+        fields = (*WorkerSerializer.Meta.fields, "credential")
+        read_only_fields = fields
+
+    def get_credential(self, worker: Worker) -> str:
+        return self.context["credential"]
+
+
+class AutomationSerializer(serializers.ModelSerializer):
+    sector = serializers.IntegerField(source="sector_id", read_only=True)
+    command = CommandField(read_only=True)
+    params_schema = JsonSchemaField(read_only=True)
+    worker = serializers.SerializerMethodField(
+        help_text="The automation's worker; null unless the caller is a platform admin."
+    )
+
+    class Meta:
+        model = Automation
+        fields = (
+            "id",
+            "name",
+            "slug",
+            "description",
+            "sector",
+            "max_concurrency",
+            "command",
+            "timeout_seconds",
+            "max_attempts",
+            "params_schema",
+            "is_active",
+            "created_at",
+            "updated_at",
+            "deactivated_at",
+            "worker",
+        )
+        read_only_fields = fields
+
+    @extend_schema_field(WorkerSerializer(allow_null=True))
+    def get_worker(self, automation: Automation) -> dict[str, Any] | None:
+        if not self.context.get("with_worker"):
+            return None
+        return WorkerSerializer(automation.worker).data
+
+
+class AutomationCreatedSerializer(AutomationSerializer):
+    """The new automation, with its worker's credential (this response only)."""
+
+    @extend_schema_field(WorkerWithCredentialSerializer)
+    def get_worker(self, automation: Automation) -> dict[str, Any]:
+        return WorkerWithCredentialSerializer(automation.worker, context=self.context).data
+
+
+class WorkerMachineSerializer(serializers.Serializer):
+    provider = serializers.ChoiceField(choices=Worker.Provider.choices, default="local")
+    machine_id = serializers.CharField(
+        max_length=200,
+        allow_blank=True,
+        default="",
+        help_text="The provider's id of the machine (an EC2 instance id for `ec2`).",
+    )
+    region = serializers.CharField(max_length=64, allow_blank=True, default="")
+
+
+class WorkerMachineUpdateSerializer(serializers.Serializer):
+    provider = serializers.ChoiceField(choices=Worker.Provider.choices, required=False)
+    machine_id = serializers.CharField(max_length=200, allow_blank=True, required=False)
+    region = serializers.CharField(max_length=64, allow_blank=True, required=False)
+
+
+class AutomationCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+    slug = serializers.CharField(
+        max_length=120,
+        required=False,
+        allow_blank=True,
+        help_text="Derived from the name if blank.",
+    )
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+    sector = serializers.IntegerField(help_text="An active sector's id.")
+    command = CommandField()
+    max_concurrency = serializers.IntegerField(
+        required=False, default=1, help_text="Jobs that may run at the same time (at least 1)."
+    )
+    timeout_seconds = serializers.IntegerField(required=False, default=3600)
+    max_attempts = serializers.IntegerField(required=False, default=1)
+    params_schema = JsonSchemaField(required=False, allow_null=True, default=None)
+    worker = WorkerMachineSerializer(required=False)
+
+
+class AutomationUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False)
+    slug = serializers.CharField(max_length=120, required=False)
+    description = serializers.CharField(required=False, allow_blank=True)
+    sector = serializers.IntegerField(required=False)
+    command = CommandField(required=False)
+    max_concurrency = serializers.IntegerField(required=False)
+    timeout_seconds = serializers.IntegerField(required=False)
+    max_attempts = serializers.IntegerField(required=False)
+    params_schema = JsonSchemaField(required=False, allow_null=True)
+    worker = WorkerMachineUpdateSerializer(
+        required=False, help_text="A different machine re-registers the worker."
+    )
+
+
+class AutomationFilterSerializer(serializers.Serializer):
+    active = serializers.BooleanField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Platform admins only; everyone else sees active automations only.",
+    )
+    sector = serializers.IntegerField(required=False, min_value=1, default=None)
+    search = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
+
+
+def is_platform_admin(request) -> bool:
+    return IsPlatformAdmin().has_permission(request, None)
+
+
+def represent(request, automation: Automation) -> dict[str, Any]:
+    context = {"with_worker": is_platform_admin(request)}
+    return AutomationSerializer(automation, context=context).data
+
+
+class ReadOrAdminWrite:
+    """Reads for any person, writes for platform admins."""
+
+    def get_permissions(self):
+        if self.request.method in ("GET", "HEAD", "OPTIONS"):
+            return [IsPerson()]
+        return [IsPlatformAdmin()]
+
+
+class AutomationListCreateApi(ReadOrAdminWrite, generics.ListAPIView):
+    serializer_class = AutomationSerializer
+
+    def get_queryset(self) -> QuerySet[Automation]:
+        filters = AutomationFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        active = filters.validated_data["active"]
+        if not is_platform_admin(self.request):
+            if active is False:
+                return Automation.objects.none()
+            active = True
+        return automation_list(
+            active=active,
+            sector_id=filters.validated_data["sector"],
+            search=filters.validated_data["search"],
+        )
+
+    def get_serializer_context(self) -> dict[str, Any]:
+        return {**super().get_serializer_context(), "with_worker": is_platform_admin(self.request)}
+
+    @extend_schema(operation_id="automations_list", parameters=[AutomationFilterSerializer])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        operation_id="automations_create",
+        request=AutomationCreateSerializer,
+        responses={201: AutomationCreatedSerializer},
+    )
+    def post(self, request):
+        data = _validated(AutomationCreateSerializer, request)
+        machine = data.pop("worker", None) or {}
+        created = automation_create(
+            actor=request.user, sector_id=data.pop("sector"), **data, **machine
+        )
+        body = AutomationCreatedSerializer(
+            created.automation, context={"credential": created.credential}
+        ).data
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class AutomationDetailApi(ReadOrAdminWrite, APIView):
+    @extend_schema(operation_id="automations_read", responses={200: AutomationSerializer})
+    def get(self, request, automation_id: int):
+        automation = automation_get_with_worker(automation_id)
+        if automation is None or not (automation.is_active or is_platform_admin(request)):
+            raise NotFound("The automation does not exist.")
+        return Response(represent(request, automation))
+
+    @extend_schema(
+        operation_id="automations_update",
+        request=AutomationUpdateSerializer,
+        responses={200: AutomationSerializer},
+    )
+    def patch(self, request, automation_id: int):
+        data = _validated(AutomationUpdateSerializer, request)
+        machine = data.pop("worker", None)
+        if "sector" in data:
+            data["sector_id"] = data.pop("sector")
+        automation = automation_update(
+            automation_id=automation_id, data=data, machine=machine, actor=request.user
+        )
+        return Response(represent(request, automation))
+
+    @extend_schema(
+        operation_id="automations_delete",
+        request=None,
+        responses={405: OpenApiResponse(description="Always: automations are deactivated.")},
+    )
+    def delete(self, request, automation_id: int):
+        raise exceptions.MethodNotAllowed(
+            "DELETE",
+            detail=(
+                "Automations are never deleted; "
+                f"POST /api/v1/automations/{automation_id}/deactivate."
+            ),
+        )
+
+
+class AutomationDeactivateApi(APIView):
+    permission_classes = [IsPlatformAdmin]
+
+    @extend_schema(
+        operation_id="automations_deactivate",
+        request=None,
+        responses={
+            200: AutomationSerializer,
+            409: OpenApiResponse(description="`automation_inactive`: already deactivated."),
+        },
+    )
+    def post(self, request, automation_id: int):
+        automation = automation_deactivate(automation_id=automation_id, actor=request.user)
+        return Response(represent(request, automation))
+
+
+class WorkerRotateCredentialApi(APIView):
+    permission_classes = [IsPlatformAdmin]
+
+    @extend_schema(
+        operation_id="automations_worker_rotate_credential",
+        request=None,
+        responses={
+            200: WorkerWithCredentialSerializer,
+            409: OpenApiResponse(description="`automation_inactive`: a retired worker."),
+        },
+    )
+    def post(self, request, automation_id: int):
+        rotated = worker_rotate_credential(automation_id=automation_id, actor=request.user)
+        body = WorkerWithCredentialSerializer(
+            rotated.worker, context={"credential": rotated.credential}
+        ).data
+        return Response(body)
+
+
+def _validated(serializer_class, request) -> dict[str, Any]:
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)

@@ -1,0 +1,161 @@
+"""The sectors API: thin views, one service call each.
+
+Everyone authenticated reads active sectors; platform admins also see retired ones and
+are the only ones who write. Sectors are never deleted: ``DELETE`` is refused and points
+to ``POST /api/v1/sectors/{id}/deactivate``.
+"""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import exceptions, generics, serializers, status
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from common.errors import NotFound
+from identity.permissions import IsPerson, IsPlatformAdmin
+from sector.models import Sector
+from sector.selectors import sector_get, sector_list
+from sector.services import sector_create, sector_deactivate, sector_update
+
+
+class SectorSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Sector
+        fields = (
+            "id",
+            "name",
+            "slug",
+            "description",
+            "is_active",
+            "created_at",
+            "updated_at",
+            "deactivated_at",
+        )
+        read_only_fields = fields
+
+
+class SectorCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=120)
+    slug = serializers.CharField(
+        max_length=120,
+        required=False,
+        allow_blank=True,
+        help_text="Derived from the name if blank.",
+    )
+    description = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class SectorUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=120, required=False)
+    slug = serializers.CharField(max_length=120, required=False)
+    description = serializers.CharField(required=False, allow_blank=True)
+
+
+class SectorFilterSerializer(serializers.Serializer):
+    active = serializers.BooleanField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Platform admins only; everyone else sees active sectors only.",
+    )
+    search = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
+
+
+def is_platform_admin(request) -> bool:
+    return IsPlatformAdmin().has_permission(request, None)
+
+
+def readable_sector(request, sector_id: int) -> Sector:
+    """The sector as this caller may see it: retired sectors exist for platform admins only."""
+    sector = sector_get(sector_id, active_only=not is_platform_admin(request))
+    if sector is None:
+        raise NotFound("The sector does not exist.")
+    return sector
+
+
+class ReadOrAdminWrite:
+    """Reads for any person, writes for platform admins."""
+
+    def get_permissions(self):
+        if self.request.method in ("GET", "HEAD", "OPTIONS"):
+            return [IsPerson()]
+        return [IsPlatformAdmin()]
+
+
+class SectorListCreateApi(ReadOrAdminWrite, generics.ListAPIView):
+    serializer_class = SectorSerializer
+
+    def get_queryset(self) -> QuerySet[Sector]:
+        filters = SectorFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        active = filters.validated_data["active"]
+        if not is_platform_admin(self.request):
+            if active is False:
+                return Sector.objects.none()
+            active = True
+        return sector_list(active=active, search=filters.validated_data["search"])
+
+    @extend_schema(operation_id="sectors_list", parameters=[SectorFilterSerializer])
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        operation_id="sectors_create",
+        request=SectorCreateSerializer,
+        responses={201: SectorSerializer},
+    )
+    def post(self, request):
+        data = _validated(SectorCreateSerializer, request)
+        sector = sector_create(actor=request.user, **data)
+        return Response(SectorSerializer(sector).data, status=status.HTTP_201_CREATED)
+
+
+class SectorDetailApi(ReadOrAdminWrite, APIView):
+    @extend_schema(operation_id="sectors_read", responses={200: SectorSerializer})
+    def get(self, request, sector_id: int):
+        return Response(SectorSerializer(readable_sector(request, sector_id)).data)
+
+    @extend_schema(
+        operation_id="sectors_update",
+        request=SectorUpdateSerializer,
+        responses={200: SectorSerializer},
+    )
+    def patch(self, request, sector_id: int):
+        data = _validated(SectorUpdateSerializer, request)
+        sector = sector_update(sector_id=sector_id, data=data, actor=request.user)
+        return Response(SectorSerializer(sector).data)
+
+    @extend_schema(
+        operation_id="sectors_delete",
+        request=None,
+        responses={405: OpenApiResponse(description="Always: sectors are deactivated instead.")},
+    )
+    def delete(self, request, sector_id: int):
+        raise exceptions.MethodNotAllowed(
+            "DELETE",
+            detail=f"Sectors are never deleted; POST /api/v1/sectors/{sector_id}/deactivate.",
+        )
+
+
+class SectorDeactivateApi(APIView):
+    permission_classes = [IsPlatformAdmin]
+
+    @extend_schema(
+        operation_id="sectors_deactivate",
+        request=None,
+        responses={
+            200: SectorSerializer,
+            409: OpenApiResponse(description="`sector_in_use` or `sector_inactive`."),
+        },
+    )
+    def post(self, request, sector_id: int):
+        sector = sector_deactivate(sector_id=sector_id, actor=request.user)
+        return Response(SectorSerializer(sector).data)
+
+
+def _validated(serializer_class, request) -> dict:
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
