@@ -158,6 +158,17 @@ RELAY_RETRY_BACKOFF_MAX = env.float("RELAY_RETRY_BACKOFF_MAX", default=300.0, mi
 QUEUES = env.list("QUEUES", default=["critical", "default", "bulk", "maintenance"])
 WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=4, minimum=1)
 WORKER_STOP_BUDGET = env.float("WORKER_STOP_BUDGET", default=30.0, minimum=0)
+# worker runtime (docs/worker.md): a file that exists only while the worker is ready to
+# take work (an orchestrator's readiness probe checks it); empty: none.
+WORKER_READY_FILE = env.str("WORKER_READY_FILE", default="")
+# SQS: seconds a received message stays invisible (0: the design's table per queue
+# class) and between heartbeats that extend it (0: a third of the visibility).
+WORKER_VISIBILITY_TIMEOUT = env.float("WORKER_VISIBILITY_TIMEOUT", default=0, minimum=0)
+WORKER_HEARTBEAT_INTERVAL = env.float("WORKER_HEARTBEAT_INTERVAL", default=0, minimum=0)
+# SQS long poll per receive (0-20 s): also how long a stop may wait for a poll to end.
+WORKER_SQS_WAIT_SECONDS = env.int("WORKER_SQS_WAIT_SECONDS", default=5, minimum=0)
+# RabbitMQ connection heartbeat in seconds (0: what the broker proposes).
+WORKER_RABBITMQ_HEARTBEAT = env.int("WORKER_RABBITMQ_HEARTBEAT", default=0, minimum=0)
 
 # --- Identity -----------------------------------------------------------------------------
 ACCESS_TOKEN_LIFETIME = timedelta(

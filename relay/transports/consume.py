@@ -10,7 +10,8 @@ four ways:
   has no delay of its own that we use (the design keeps delays in the outbox's
   ``available_at``), so there it returns the message at once and the layer above is
   expected to re-arm the outbox row instead (see docs/worker.md);
-- ``dead_letter``: park it in its queue's dead-letter queue with the error's context.
+- ``dead_letter`` then ``ack``: park a copy in its queue's dead-letter queue with the
+  error's context, then (once the caller has recorded the failure) drop the original.
 
 While a message is being worked on, ``extend`` keeps it from being delivered elsewhere
 (SQS: ``ChangeMessageVisibility``; RabbitMQ: nothing to do, the message stays unacked
@@ -28,7 +29,7 @@ import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -166,7 +167,8 @@ class Consumer(ABC):
 
     @abstractmethod
     def dead_letter(self, delivery: Delivery, failure: FailureContext) -> None:
-        """Put a copy in the destination's dead-letter queue with ``failure``, then ack."""
+        """Put a copy in the destination's dead-letter queue with ``failure`` (confirmed by
+        the broker). Does not settle the delivery: the caller acks it next."""
 
     @abstractmethod
     def extend(self, delivery: Delivery) -> None:
@@ -192,4 +194,66 @@ def get_consumer(broker: str | None = None) -> Consumer:
         from relay.transports.consume_sqs import SQSConsumer
 
         return SQSConsumer()
+    raise ValueError(f"unknown broker {broker!r} (known: rabbitmq, sqs)")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message sitting in a dead-letter queue, as an operator sees it."""
+
+    destination: str
+    body: bytes
+    # The x-error-* context the runtime attached ({} when the broker's redrive put it there).
+    error: dict[str, str]
+    message_id: str | None = None
+
+    @property
+    def run_id(self) -> str | None:
+        try:
+            envelope = json.loads(self.body)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return self.message_id
+        value = envelope.get("run_id") if isinstance(envelope, dict) else None
+        return str(value) if value else self.message_id
+
+    @property
+    def task(self) -> str:
+        try:
+            envelope = json.loads(self.body)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return "?"
+        return str(envelope.get("task", "?")) if isinstance(envelope, dict) else "?"
+
+
+class DeadLetterBox(ABC):
+    """Look into a destination's dead-letter queue and send messages back to their queue."""
+
+    @abstractmethod
+    def peek(self, destination: str, limit: int) -> list[DeadLetter]:
+        """Up to ``limit`` messages, left where they are."""
+
+    @abstractmethod
+    def requeue(
+        self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
+    ) -> list[DeadLetter]:
+        """Send the chosen messages (among the first ``limit``) back to the destination's
+        queue without their error context; return them."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections."""
+
+
+def get_dead_letter_box(broker: str | None = None) -> DeadLetterBox:
+    from django.conf import settings
+
+    broker = broker or settings.BROKER
+    if broker == "rabbitmq":
+        from relay.transports.consume_rabbitmq import RabbitMQDeadLetterBox
+
+        return RabbitMQDeadLetterBox()
+    if broker == "sqs":
+        from relay.transports.consume_sqs import SQSDeadLetterBox
+
+        return SQSDeadLetterBox()
     raise ValueError(f"unknown broker {broker!r} (known: rabbitmq, sqs)")

@@ -11,8 +11,8 @@ and gives it back if the connection dies (which is what a killed worker looks li
 ``basic_qos(prefetch_count=N)`` keeps at most N unacked messages on this connection.
 
 Dead-lettering publishes a copy, through the default exchange, to the queue's ``-dlq``
-with the error in ``x-error-*`` headers, on a channel with publisher confirms, and acks
-the original only once the broker confirmed the copy.
+with the error in ``x-error-*`` headers, on a channel with publisher confirms; the caller
+acks the original once the broker confirmed the copy and the failure is recorded.
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ from django.conf import settings
 
 from relay import topology
 from relay.transports.base import TransportUnavailable
-from relay.transports.consume import Consumer, Delivery, FailureContext
+from relay.transports.consume import (
+    Consumer,
+    DeadLetter,
+    DeadLetterBox,
+    Delivery,
+    FailureContext,
+)
 from relay.transports.rabbitmq import connection_parameters, declarations, exchange_declaration
 
 logger = logging.getLogger("hubdommed.worker")
@@ -181,33 +187,126 @@ class RabbitMQConsumer(Consumer):
         self.release(delivery)
 
     def dead_letter(self, delivery: Delivery, failure: FailureContext) -> None:
-        def park(channel) -> None:
-            original = delivery.properties or pika.BasicProperties()
-            headers = dict(original.headers or {})
-            headers.update(failure.as_dict())
-            headers["x-original-queue"] = topology.queue_name(delivery.destination)
-            properties = pika.BasicProperties(
-                content_type=original.content_type,
-                delivery_mode=pika.DeliveryMode.Persistent,
-                message_id=original.message_id,
-                type=original.type,
-                correlation_id=original.correlation_id,
-                headers=headers,
-            )
-            # Confirmed (the publisher channel is in confirm mode) before the ack below.
-            self._publisher.basic_publish(
-                "",
-                topology.dead_letter_queue_name(delivery.destination),
-                delivery.body,
-                properties,
-                mandatory=True,
-            )
-            channel.basic_ack(delivery.receipt)
+        original = delivery.properties or pika.BasicProperties()
+        headers = dict(original.headers or {})
+        headers.update(failure.as_dict())
+        headers["x-original-queue"] = topology.queue_name(delivery.destination)
+        properties = pika.BasicProperties(
+            content_type=original.content_type,
+            delivery_mode=pika.DeliveryMode.Persistent,
+            message_id=original.message_id,
+            type=original.type,
+            correlation_id=original.correlation_id,
+            headers=headers,
+        )
 
-        self._settle(delivery, park)
+        def park() -> None:
+            publisher = self._publisher
+            if publisher is None or not publisher.is_open:
+                raise TransportUnavailable("the RabbitMQ publishing channel is closed")
+            try:
+                # Returns once the broker confirmed it (the channel is in confirm mode).
+                publisher.basic_publish(
+                    "",
+                    topology.dead_letter_queue_name(delivery.destination),
+                    delivery.body,
+                    properties,
+                    mandatory=True,
+                )
+            except pika.exceptions.AMQPError as exc:
+                raise TransportUnavailable(f"dead-lettering failed: {exc!r}") from exc
+
+        self._on_io_thread(park)
 
     def extend(self, delivery: Delivery) -> None:
         """Nothing to do: an unacked message stays ours while the connection lives."""
 
     def heartbeat_interval(self, delivery: Delivery) -> float | None:
         return None
+
+
+def _error_headers(headers: dict[str, Any]) -> dict[str, str]:
+    return {
+        name: value.decode() if isinstance(value, bytes) else str(value)
+        for name, value in headers.items()
+        if name.startswith("x-error-")
+    }
+
+
+class RabbitMQDeadLetterBox(DeadLetterBox):
+    """``basic_get`` without ack: what is not sent back returns to the dead-letter queue
+    when the channel closes."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self._connection = pika.BlockingConnection(connection_parameters(url))
+
+    def _take(self, channel, destination: str, limit: int):
+        taken = []
+        queue = topology.dead_letter_queue_name(destination)
+        while len(taken) < limit:
+            method, properties, body = channel.basic_get(queue, auto_ack=False)
+            if method is None:
+                break
+            headers = properties.headers or {}
+            letter = DeadLetter(destination, body, _error_headers(headers), properties.message_id)
+            taken.append((method, properties, letter))
+        return taken
+
+    def peek(self, destination: str, limit: int) -> list[DeadLetter]:
+        channel = self._connection.channel()
+        try:
+            return [letter for _, _, letter in self._take(channel, destination, limit)]
+        finally:
+            channel.close()
+
+    def requeue(
+        self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
+    ) -> list[DeadLetter]:
+        channel = self._connection.channel()
+        publisher = self._connection.channel()
+        publisher.confirm_delivery()
+        sent = []
+        try:
+            for method, properties, letter in self._take(channel, destination, limit):
+                if not choose(letter):
+                    continue
+                headers = {
+                    name: value
+                    for name, value in (properties.headers or {}).items()
+                    if not name.startswith("x-error-") and name not in _BROKER_HEADERS
+                }
+                publisher.basic_publish(
+                    "",
+                    topology.queue_name(destination),
+                    letter.body,
+                    pika.BasicProperties(
+                        content_type=properties.content_type,
+                        delivery_mode=pika.DeliveryMode.Persistent,
+                        message_id=properties.message_id,
+                        type=properties.type,
+                        correlation_id=properties.correlation_id,
+                        headers=headers,
+                    ),
+                    mandatory=True,
+                )
+                channel.basic_ack(method.delivery_tag)
+                sent.append(letter)
+        finally:
+            channel.close()
+            publisher.close()
+        return sent
+
+    def close(self) -> None:
+        if self._connection.is_open:
+            self._connection.close()
+
+
+# Set by the broker on a dead-lettered or redelivered message; a fresh copy starts clean.
+_BROKER_HEADERS = {
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+    "x-delivery-count",
+    "x-original-queue",
+}

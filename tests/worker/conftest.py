@@ -1,0 +1,251 @@
+"""Fixtures for the worker runtime: short timings, per-test queues, a relay and workers
+running in threads against the real broker (RabbitMQ, or moto's SQS on loopback).
+
+Messages are fed the real way: ``dispatch`` writes outbox rows, the relay's engine
+delivers them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pika
+import pytest
+import redis
+from django.conf import settings as django_settings
+from django.db import connection, transaction
+
+from outbox.models import QUEUES, TaskRun
+from outbox.runtime.loop import Worker
+from outbox.runtime.processor import TaskProcessor
+from outbox.services import dispatch
+from relay import topology
+from relay.engine import OutboxRelay
+from relay.transports.consume import get_consumer, get_dead_letter_box
+from tests.worker import tasks as test_tasks  # registers the test handlers
+
+ROOT = Path(__file__).resolve().parents[2]
+RETRY = {"max_receives": 5, "backoff_seconds": 0.4, "backoff_max_seconds": 1.6}
+
+
+@pytest.fixture(scope="session")
+def test_catalog(tmp_path_factory) -> Path:
+    """tasks.json plus the tests' own task (tasks.json itself stays untouched)."""
+    catalog = json.loads((ROOT / "tasks.json").read_text())
+    catalog["tasks"].append(
+        {"name": "test.work", "queue": "default", "retry": RETRY, "description": "tests"}
+    )
+    path = tmp_path_factory.mktemp("catalog") / "tasks.json"
+    path.write_text(json.dumps(catalog))
+    return path
+
+
+@pytest.fixture(scope="session")
+def exchange_name():
+    name = f"dom_med_test_{uuid.uuid4().hex[:8]}"
+    yield name
+    conn = pika.BlockingConnection(pika.URLParameters(django_settings.RABBITMQ_URL))
+    try:
+        conn.channel().exchange_delete(name)
+    finally:
+        conn.close()
+
+
+@pytest.fixture(autouse=True)
+def worker_settings(settings, exchange_name, test_catalog):
+    settings.QUEUE_PREFIX = f"{settings.QUEUE_PREFIX}{uuid.uuid4().hex[:6]}-"
+    settings.RABBITMQ_EXCHANGE = exchange_name
+    settings.TASKS_CATALOG = test_catalog
+    settings.RELAY_SWEEP_INTERVAL = 0.1
+    settings.WORKER_VISIBILITY_TIMEOUT = 2
+    settings.WORKER_HEARTBEAT_INTERVAL = 0.5
+    settings.WORKER_SQS_WAIT_SECONDS = 1
+    settings.WORKER_RABBITMQ_HEARTBEAT = 2
+    url = settings.RABBITMQ_URL
+    yield settings
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = conn.channel()
+        for destination in QUEUES:
+            channel.queue_delete(topology.queue_name(destination))
+            channel.queue_delete(topology.dead_letter_queue_name(destination))
+    finally:
+        conn.close()
+
+
+@pytest.fixture(params=["rabbitmq", "sqs"])
+def broker(request, settings) -> str:
+    settings.BROKER = request.param
+    if request.param == "sqs":
+        settings.SQS_ENDPOINT_URL = request.getfixturevalue("moto_endpoint")
+    return request.param
+
+
+class BackgroundRelay:
+    """The relay's engine in a thread: delivers what is due, sweeping every 50 ms."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="relay", daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        relay = OutboxRelay()
+        try:
+            relay.transport.setup_topology()
+            while not self._stop.is_set():
+                if not relay.relay_one_batch():
+                    self._stop.wait(0.05)
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            relay.close()
+            connection.close()
+
+    def start(self) -> BackgroundRelay:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@pytest.fixture
+def relay(broker):
+    background = BackgroundRelay().start()
+    yield background
+    background.stop()
+    assert background.error is None, background.error
+
+
+class WorkerThread:
+    """``Worker`` + ``TaskProcessor`` in a thread, as ``run_worker`` wires them."""
+
+    def __init__(self, *, concurrency: int = 2, stop_budget: float = 5.0, queues=("default",)):
+        self.consumer = get_consumer()
+        self.processor = TaskProcessor(self.consumer)
+        self.worker = Worker(
+            self.consumer,
+            list(queues),
+            self.processor,
+            concurrency=concurrency,
+            stop_budget=stop_budget,
+            poll_interval=0.05,
+        )
+        self._thread = threading.Thread(target=self._run, name="worker", daemon=True)
+        self.error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            self.worker.run()
+        except BaseException as exc:
+            self.error = exc
+            raise
+        finally:
+            connection.close()
+
+    def start(self) -> WorkerThread:
+        self._thread.start()
+        assert self.worker.wait_until_ready(15), "the worker never became ready"
+        return self
+
+    def stop(self) -> None:
+        self.worker.stop()
+        self._thread.join(timeout=30)
+        assert not self._thread.is_alive(), "the worker did not stop"
+
+
+@pytest.fixture
+def start_worker(broker):
+    started: list[WorkerThread] = []
+
+    def start(**kwargs) -> WorkerThread:
+        worker = WorkerThread(**kwargs).start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+        assert worker.error is None, worker.error
+
+
+def dispatch_work(**payload) -> str:
+    with transaction.atomic():
+        return str(dispatch("test.work", payload))
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what or condition}")
+
+
+def run_of(run_id: str) -> TaskRun:
+    return TaskRun.objects.get(run_id=run_id)
+
+
+def run_finished(run_id: str) -> bool:
+    return run_of(run_id).status in (TaskRun.Status.SUCCEEDED, TaskRun.Status.FAILED)
+
+
+def executions(run_id: str) -> list[tuple[int, float]]:
+    """(receive count, time) of each run of the test handler for this run."""
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    try:
+        raw = client.lrange(test_tasks.executions_key(run_id), 0, -1)
+    finally:
+        client.close()
+    pairs = [item.decode().split(":") for item in raw]
+    return [(int(count), float(at)) for count, at in pairs]
+
+
+def dead_letters(destination: str = "default"):
+    box = get_dead_letter_box()
+    try:
+        return box.peek(destination, 100)
+    finally:
+        box.close()
+
+
+def worker_environment(**extra: object) -> dict[str, str]:
+    """The environment of a ``manage.py run_worker`` subprocess sharing this test's
+    database, broker names, Redis prefix and short timings."""
+    env = dict(os.environ)
+    s = django_settings
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.worker.settings",
+        DATABASE_URL=f"postgres://{s.DATABASES['default']['USER'] or 'postgres'}@"
+        f"{s.DATABASES['default']['HOST']}:{s.DATABASES['default']['PORT']}/"
+        f"{s.DATABASES['default']['NAME']}",
+        TASKS_CATALOG=str(s.TASKS_CATALOG),
+        BROKER=s.BROKER,
+        SQS_ENDPOINT_URL=s.SQS_ENDPOINT_URL or "",
+        QUEUE_PREFIX=s.QUEUE_PREFIX,
+        RABBITMQ_EXCHANGE=s.RABBITMQ_EXCHANGE,
+        REDIS_KEY_PREFIX=s.REDIS_KEY_PREFIX,
+        WORKER_VISIBILITY_TIMEOUT=str(s.WORKER_VISIBILITY_TIMEOUT),
+        WORKER_HEARTBEAT_INTERVAL=str(s.WORKER_HEARTBEAT_INTERVAL),
+        WORKER_SQS_WAIT_SECONDS=str(s.WORKER_SQS_WAIT_SECONDS),
+        WORKER_RABBITMQ_HEARTBEAT=str(s.WORKER_RABBITMQ_HEARTBEAT),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update({name: str(value) for name, value in extra.items()})
+    return env
+
+
+def worker_command(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "manage.py"), "run_worker", *args]

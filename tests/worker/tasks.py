@@ -1,0 +1,47 @@
+"""Test-only task handlers (catalogued in the tests' own tasks catalog, never tasks.json).
+
+``test.work`` records each execution in Redis (by run_id) and then does what its payload
+says: sleep, fail transiently until a given receive, or fail permanently.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+from django.conf import settings
+
+from common.errors import InvalidInput
+from outbox.runtime import TaskMessage, task
+
+
+class TransientProblem(Exception):
+    """Something that may well work next time (a timeout, say)."""
+
+
+def executions_key(run_id) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:worker-test:executions:{run_id}"
+
+
+def record_execution(message: TaskMessage) -> None:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        key = executions_key(message.run_id)
+        client.rpush(key, f"{message.receive_count}:{time.time()}")
+        client.expire(key, 3600)
+    finally:
+        client.close()
+
+
+@task("test.work")
+def work(message: TaskMessage) -> None:
+    payload = message.payload
+    record_execution(message)
+    if payload.get("permanent"):
+        raise InvalidInput("the payload can never be processed")
+    if message.receive_count == 1 and payload.get("sleep_on_first"):
+        time.sleep(payload["sleep_on_first"])
+    if payload.get("sleep"):
+        time.sleep(payload["sleep"])
+    if message.receive_count < payload.get("succeed_on", 1):
+        raise TransientProblem(f"not yet (receive {message.receive_count})")
