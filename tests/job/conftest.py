@@ -10,6 +10,12 @@ from tests.job.factories import AutomationFactory, WorkerFactory
 from tests.job.support import worker_client
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    # Factories create many people; the production hasher is slow on purpose.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def automation(db):
     return AutomationFactory()
