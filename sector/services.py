@@ -125,10 +125,10 @@ def _clean_name_and_slug(*, name: Any, slug: Any) -> tuple[str, str]:
 
 def _ensure_unique(sector: Sector) -> None:
     others = Sector.objects.exclude(pk=sector.pk)
-    if others.filter(slug=sector.slug).exists():
-        raise _slug_taken()
     if others.filter(is_active=True, name__iexact=sector.name).exists():
         raise _name_taken()
+    if others.filter(slug=sector.slug).exists():
+        raise _slug_taken()
 
 
 def _save(sector: Sector, **kwargs: Any) -> None:
