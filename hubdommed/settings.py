@@ -226,6 +226,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # A job's status and a worker's status are both "status": name each enum.
+    "ENUM_NAME_OVERRIDES": {
+        "JobStatusEnum": "job.models.JobStatus",
+        "WorkerStatusEnum": "automation.models.Worker.Status",
+    },
 }
 
 # --- Logging: one line per record, to stderr (the service manager collects it) ------------

@@ -126,17 +126,13 @@ class Job(models.Model):
                 condition=Q(status=JobStatus.PENDING),
                 name="jobs_pending_poll_idx",
             ),
-            # The claim counts an automation's running jobs (index-only on this one); the
-            # stuck-job monitor scans running jobs by lease expiry.
+            # The claim counts an automation's running jobs (index-only on this one). The
+            # running set is small (bounded by the automations' limits), so the stuck-job
+            # monitor can walk all of it here too.
             models.Index(
                 fields=["automation"],
                 condition=Q(status=JobStatus.RUNNING),
                 name="jobs_running_idx",
-            ),
-            models.Index(
-                fields=["lease_expires_at"],
-                condition=Q(status=JobStatus.RUNNING),
-                name="jobs_running_lease_idx",
             ),
         ]
 

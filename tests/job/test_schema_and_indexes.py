@@ -1,0 +1,79 @@
+"""The OpenAPI schema documents the jobs API; the hot queries use their indexes."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from rest_framework.test import APIClient
+
+from job.models import Job
+from tests.job.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_schema_documents_every_jobs_endpoint_with_its_authentication():
+    schema = APIClient().get("/api/schema/", {"format": "json"}).json()
+    paths = schema["paths"]
+
+    people = {
+        ("/api/v1/jobs", "get"),
+        ("/api/v1/jobs", "post"),
+        ("/api/v1/jobs/{job_id}", "get"),
+        ("/api/v1/jobs/{job_id}/cancel", "post"),
+    }
+    workers = {
+        ("/api/v1/worker/jobs", "get"),
+        ("/api/v1/jobs/{job_id}/start", "post"),
+        ("/api/v1/jobs/{job_id}/heartbeat", "post"),
+        ("/api/v1/jobs/{job_id}/complete", "post"),
+        ("/api/v1/jobs/{job_id}/fail", "post"),
+    }
+    for path, method in people | workers:
+        assert method in paths.get(path, {}), f"{method.upper()} {path} is not documented"
+    for path, method in workers:
+        assert paths[path][method]["security"] == [{"workerCredential": []}]
+    assert "409" in paths["/api/v1/jobs/{job_id}/start"]["post"]["responses"]
+    listing = paths["/api/v1/jobs"]["get"]["responses"]["200"]["content"]["application/json"]
+    page = schema["components"]["schemas"][listing["schema"]["$ref"].rsplit("/", 1)[1]]
+    assert {"next", "previous", "results"} <= set(page["properties"])  # the cursor page
+
+
+def plan_of(queryset) -> str:
+    """EXPLAIN of the query with sequential scans priced out, as on a large table."""
+    sql, params = queryset.query.sql_with_params()
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {sql}", params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_the_poll_reads_only_the_pending_index(worker):
+    JobFactory.create_batch(3, automation=worker.automation)
+    from job.selectors import jobs_pending_for
+
+    queryset = (
+        Job.objects.filter(automation_id=worker.automation_id, status="pending")
+        .order_by("created_at", "id")
+        .only("id", "automation_id", "created_at")[:20]
+    )
+
+    assert "Index Only Scan using jobs_pending_poll_idx" in plan_of(queryset)
+    assert len(jobs_pending_for(automation_id=worker.automation_id, limit=20)) == 3
+
+
+def test_the_claims_running_count_reads_only_the_running_index(worker):
+    queryset = Job.objects.filter(automation_id=worker.automation_id, status="running").values(
+        "automation_id"
+    )
+
+    assert "Index Only Scan using jobs_running_idx" in plan_of(queryset)
+
+
+def test_the_tenant_listing_walks_the_tenant_index_newest_first(user):
+    from job.selectors import job_list
+
+    queryset = job_list(tenant=user.tenant_id)[:50]
+
+    assert "jobs_tenant_recent_idx" in plan_of(queryset)
+    assert "Sort" not in plan_of(queryset)
