@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Model
 
 from common.errors import DomainError
 from sector.models import Sector
+from sector.selectors import sector_name_in_use
 from sector.services import sector_create, sector_deactivate, sector_update
 
 
@@ -18,8 +20,22 @@ def adopt(target: Model, saved: Model) -> None:
     target._state.db = saved._state.db
 
 
+class SectorAdminForm(forms.ModelForm):
+    class Meta:
+        model = Sector
+        fields = ("name", "slug", "description")
+
+    def clean_name(self) -> str:
+        # The model form skips the active-name constraint (is_active is not on the form).
+        name = self.cleaned_data["name"]
+        if sector_name_in_use(name, excluding=self.instance.pk):
+            raise forms.ValidationError("An active sector already has this name.")
+        return name
+
+
 @admin.register(Sector)
 class SectorAdmin(admin.ModelAdmin):
+    form = SectorAdminForm
     list_display = ("name", "slug", "is_active", "created_at", "deactivated_at")
     list_filter = ("is_active",)
     search_fields = ("name", "slug", "description")

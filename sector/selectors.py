@@ -25,6 +25,11 @@ def sector_list(*, active: bool | None = None, search: str = "") -> QuerySet[Sec
     return queryset
 
 
+def sector_name_in_use(name: str, *, excluding: int | None = None) -> bool:
+    """Whether an active sector (other than ``excluding``) has this name, whatever its case."""
+    return Sector.objects.exclude(pk=excluding).filter(is_active=True, name__iexact=name).exists()
+
+
 def sector_lock_for_use(sector_id: int) -> Sector | None:
     """The sector, share-locked until the caller's transaction ends; None if there is none.
 

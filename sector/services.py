@@ -20,6 +20,7 @@ from automation.selectors import automation_count_active_in_sector
 from common.errors import Conflict, InvalidInput, NotFound
 from outbox.services import publish
 from sector.models import Sector
+from sector.selectors import sector_name_in_use
 
 NAME_MAX_LENGTH = Sector._meta.get_field("name").max_length
 SLUG_MAX_LENGTH = Sector._meta.get_field("slug").max_length
@@ -124,10 +125,9 @@ def _clean_name_and_slug(*, name: Any, slug: Any) -> tuple[str, str]:
 
 
 def _ensure_unique(sector: Sector) -> None:
-    others = Sector.objects.exclude(pk=sector.pk)
-    if others.filter(is_active=True, name__iexact=sector.name).exists():
+    if sector_name_in_use(sector.name, excluding=sector.pk):
         raise _name_taken()
-    if others.filter(slug=sector.slug).exists():
+    if Sector.objects.exclude(pk=sector.pk).filter(slug=sector.slug).exists():
         raise _slug_taken()
 
 
