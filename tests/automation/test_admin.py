@@ -200,3 +200,15 @@ def test_automations_cannot_be_deleted_in_the_admin(admin_site, automation):
     assert admin_site.get(url).status_code == 403
     assert admin_site.post(url, {"post": "yes"}).status_code == 403
     assert Automation.objects.filter(pk=automation.pk).exists()
+
+
+def test_a_local_worker_left_as_proposed_is_created_with_the_automation(admin_site, sector, events):
+    data = form_data(
+        sector, **{"worker-0-provider": "local", "worker-0-machine_id": "", "worker-0-region": ""}
+    )
+
+    response = admin_site.post(f"{CHANGELIST}add/", data)
+
+    assert response.status_code == 302
+    assert Worker.objects.get().machine() == ("local", "", "")
+    assert events() == ["AutomationCreated", "WorkerRegistered"]
