@@ -134,6 +134,9 @@ class OutboxRelay:
     def relay_table(self, table: str) -> BatchReport:
         started = time.perf_counter()
         with transaction.atomic(), connection.cursor() as cursor:
+            # Losing this commit in a database crash only means sending these rows again,
+            # which consumers tolerate; not waiting for its disk flush makes each batch cheaper.
+            cursor.execute("SET LOCAL synchronous_commit TO OFF")
             cursor.execute(_CLAIM.format(table=table), [self.batch_size])
             rows = cursor.fetchall()
             if not rows:
