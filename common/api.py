@@ -21,7 +21,7 @@ from rest_framework.pagination import CursorPagination, LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from common.errors import DomainError
+from common.errors import DomainError, InvalidInput
 
 logger = logging.getLogger("hubdommed.api")
 
@@ -84,6 +84,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 
 
 def _code_for(exc: Exception) -> str:
+    # A code given where the error was raised (AuthenticationFailed(..., code="token_expired"))
+    # says more than the class's generic one.
+    detail = getattr(exc, "detail", None)
+    specific = getattr(detail, "code", None)
+    if isinstance(exc, exceptions.APIException) and specific and specific != exc.default_code:
+        return specific
     for cls in type(exc).__mro__:
         if cls in _DRF_CODES:
             return _DRF_CODES[cls]
@@ -114,3 +120,10 @@ class NewestFirstCursorPagination(CursorPagination):
     page_size = 50
     page_size_query_param = "limit"
     max_page_size = 200
+
+    def decode_cursor(self, request):
+        # A cursor the client mangled is bad input (400), not a missing page (404).
+        try:
+            return super().decode_cursor(request)
+        except exceptions.NotFound:
+            raise InvalidInput("The cursor is invalid.", code="invalid_cursor") from None

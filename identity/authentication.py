@@ -25,7 +25,9 @@ class AccessTokenAuthentication(authentication.BaseAuthentication):
             User.objects.select_related("tenant").filter(pk=claims["sub"], is_active=True).first()
         )
         if user is None or (user.tenant_id is not None and not user.tenant.is_active):
-            raise exceptions.AuthenticationFailed("The account is not active.", code="inactive")
+            raise exceptions.AuthenticationFailed(
+                "The account is not active.", code="account_inactive"
+            )
         return user, claims
 
     def authenticate_header(self, request) -> str:

@@ -2,27 +2,10 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from identity.models import Tenant, User
-
-
-# Named apart from other modules' copies of the same shape, which drf-spectacular would
-# otherwise see as two different "Error" components.
-@extend_schema_serializer(component_name="IdentityErrorBody")
-class ErrorBodySerializer(serializers.Serializer):
-    code = serializers.CharField(help_text="Stable and machine-readable.")
-    message = serializers.CharField(help_text="For people.")
-    details = serializers.DictField(help_text="Field errors or context.")
-
-
-@extend_schema_serializer(component_name="IdentityError")
-class ErrorSerializer(serializers.Serializer):
-    """The one error format of the API: ``{"error": {"code", "message", "details"}}``."""
-
-    error = ErrorBodySerializer()
-
 
 # --- Sessions -----------------------------------------------------------------------------
 

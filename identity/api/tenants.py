@@ -7,10 +7,10 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.schema import ErrorSerializer
 from identity import selectors, services
 from identity.api.common import NeverDeleted, paginated, query, validated
 from identity.api.serializers import (
-    ErrorSerializer,
     TenantCreateSerializer,
     TenantListQuerySerializer,
     TenantRenameSerializer,

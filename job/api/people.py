@@ -10,8 +10,9 @@ from rest_framework.views import APIView
 
 from common.api import NewestFirstCursorPagination
 from common.errors import InvalidInput, NotFound
+from common.schema import ErrorSerializer
 from identity.permissions import IsTenantMember
-from job.api.serializers import ErrorSerializer, JobCreateInput, JobListFilters, JobOutput
+from job.api.serializers import JobCreateInput, JobListFilters, JobOutput
 from job.selectors import job_get, job_list
 from job.services import job_cancel, job_create
 

@@ -8,18 +8,6 @@ from rest_framework import serializers
 
 from job.models import FailureReason, Job, JobStatus
 
-
-class ErrorSerializer(serializers.Serializer):
-    """The one error format: ``{"error": {"code", "message", "details"}}``."""
-
-    class Body(serializers.Serializer):
-        code = serializers.CharField()
-        message = serializers.CharField()
-        details = serializers.DictField()
-
-    error = Body()
-
-
 # --- people -------------------------------------------------------------------------------
 
 

@@ -14,10 +14,10 @@ from rest_framework.views import APIView
 from automation.authentication import WorkerAuthentication
 from automation.models import Worker
 from common.errors import Conflict
+from common.schema import ErrorSerializer
 from job.api.serializers import (
     ClaimedJobOutput,
     CompleteInput,
-    ErrorSerializer,
     FailInput,
     HeartbeatInput,
     HeartbeatOutput,

@@ -50,7 +50,7 @@ def test_unauthenticated_requests_get_401(api):
 
 def test_a_garbage_token_is_refused(api):
     api.credentials(HTTP_AUTHORIZATION="Bearer not-a-token")
-    assert_error(api.get("/t/private"), 401, "authentication_failed")
+    assert_error(api.get("/t/private"), 401, "invalid_token")
 
 
 def test_wrong_method_is_a_405(api):

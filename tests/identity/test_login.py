@@ -131,7 +131,7 @@ def test_the_access_token_expires_after_fifteen_minutes(api, member):
         assert api.get("/api/v1/me").status_code == 200
 
         clock.shift(timedelta(seconds=1))
-        error = error_of(api.get("/api/v1/me"), 401, "authentication_failed")
+        error = error_of(api.get("/api/v1/me"), 401, "token_expired")
         assert "expired" in error["message"]
 
 
@@ -141,7 +141,7 @@ def test_an_access_token_stops_working_when_its_user_is_deactivated(api, member,
 
     user_deactivate(user=member, actor=manager)
 
-    error_of(api.get("/api/v1/me"), 401, "authentication_failed")
+    error_of(api.get("/api/v1/me"), 401, "account_inactive")
 
 
 def test_me_needs_a_token(api):

@@ -63,9 +63,7 @@ def test_the_other_endpoints_name_the_bearer_scheme(schema):
 def test_the_login_failures_are_documented_in_the_error_format(schema):
     responses = schema["paths"]["/api/v1/auth/login"]["post"]["responses"]
     assert {"401", "403", "429"} <= set(responses)
-    assert responses["429"]["content"]["application/json"]["schema"]["$ref"].endswith(
-        "/IdentityError"
-    )
+    assert responses["429"]["content"]["application/json"]["schema"]["$ref"].endswith("/Error")
 
 
 def test_lists_are_paginated_in_the_schema(schema):

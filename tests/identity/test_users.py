@@ -262,4 +262,4 @@ def test_a_manager_of_a_deactivated_tenant_can_do_nothing(tenant, platform_admin
     client = client_for(manager)
     tenant_deactivate(tenant=tenant, actor=platform_admin)
 
-    error_of(client.get("/api/v1/users"), 401, "authentication_failed")
+    error_of(client.get("/api/v1/users"), 401, "account_inactive")

@@ -46,6 +46,13 @@ def test_the_list_pages_with_a_cursor_without_repeats_or_gaps(person_client, use
     assert len(seen) == len(set(seen))
 
 
+def test_a_mangled_cursor_is_a_400_in_the_error_format(person_client):
+    response = person_client.get(URL, {"cursor": "not-a-cursor"})
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_cursor"
+
+
 def test_the_list_filters_by_status_automation_and_creation_time(person_client, user):
     now = timezone.now()
     automation = AutomationFactory()
