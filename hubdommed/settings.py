@@ -99,6 +99,9 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# Admin messages stay on the server: one of them carries a worker credential shown once.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
+
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 STORAGES = {

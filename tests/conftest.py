@@ -35,6 +35,20 @@ def _isolated_wake_key(settings, redis_key_prefix):
         redis_conn.close()
 
 
+@pytest.fixture(autouse=True)
+def _own_cache_namespace(settings, redis_key_prefix):
+    """Cache entries (throttle counters) of one test never reach another, nor another run."""
+    caches = {alias: dict(config) for alias, config in settings.CACHES.items()}
+    caches["default"]["KEY_PREFIX"] = f"{redis_key_prefix}:{uuid.uuid4().hex[:8]}"
+    settings.CACHES = caches
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):
+    # The production hasher is slow on purpose; the suite hashes hundreds of passwords.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def redis_conn():
     conn = redis.Redis.from_url(settings.REDIS_URL)

@@ -1,26 +1,10 @@
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from rest_framework.test import APIClient
 
 from tests.factories import ManagerFactory, PlatformAdminFactory, UserFactory
 from tests.identity.support import client_for
-
-
-@pytest.fixture(autouse=True)
-def _own_cache_namespace(settings, redis_key_prefix):
-    """Throttle counters of one test never reach another (nor another run)."""
-    caches = {alias: dict(config) for alias, config in settings.CACHES.items()}
-    caches["default"]["KEY_PREFIX"] = f"{redis_key_prefix}:{uuid.uuid4().hex[:8]}"
-    settings.CACHES = caches
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    # The production hasher is slow on purpose; these tests hash hundreds of passwords.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture
