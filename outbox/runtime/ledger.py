@@ -31,6 +31,17 @@ _REARM = """
 """
 
 
+# One statement: the row lock it takes orders concurrent receives of the same run.
+_BEGIN = """
+    UPDATE task_runs
+       SET receive_count = receive_count + 1, status = 'running',
+           started_at = coalesce(started_at, clock_timestamp()), finished_at = NULL,
+           updated_at = clock_timestamp()
+     WHERE run_id = %s AND status NOT IN ('succeeded', 'failed')
+ RETURNING receive_count
+"""
+
+
 class Begin(enum.Enum):
     RUN = "run"
     SKIP = "skip"
@@ -50,27 +61,37 @@ class RunLedger:
         """Count this receive and mark the run ``running``, unless it already finished
         (a duplicate delivery: the caller acks and skips it)."""
         run_id = uuid.UUID(str(envelope["run_id"]))
-        with transaction.atomic():
-            run = TaskRun.objects.select_for_update().filter(run_id=run_id).first()
-            if run is None:
+        with transaction.atomic(), connection.cursor() as cursor:
+            # Not waiting for this commit to reach the disk halves the cost of a task's
+            # bookkeeping. A database crash could lose the mark: the receive goes
+            # uncounted (the broker's own limit of 7 still bounds it), nothing else.
+            cursor.execute("SET LOCAL synchronous_commit = off")
+            cursor.execute(_BEGIN, [run_id])
+            row = cursor.fetchone()
+            if row is None:
+                run = TaskRun.objects.filter(run_id=run_id).first()
+                if run is not None:
+                    return Started(Begin.SKIP, run.receive_count, run.status)
                 # Written by dispatch with the outbox row; a message without one (sent by
                 # hand, say) still gets its record.
-                run = TaskRun.objects.create(
-                    run_id=run_id,
-                    task=str(envelope.get("task", "")),
-                    queue=str(envelope.get("queue", "default")),
-                    event=envelope.get("event") or "",
-                    tenant_id=envelope.get("tenant"),
-                    correlation_id=envelope.get("correlation_id") or "",
+                TaskRun.objects.bulk_create(
+                    [
+                        TaskRun(
+                            run_id=run_id,
+                            task=str(envelope.get("task", "")),
+                            queue=str(envelope.get("queue", "default")),
+                            event=envelope.get("event") or "",
+                            tenant_id=envelope.get("tenant"),
+                            correlation_id=envelope.get("correlation_id") or "",
+                        )
+                    ],
+                    ignore_conflicts=True,
                 )
-            if run.status in (TaskRun.Status.SUCCEEDED, TaskRun.Status.FAILED):
-                return Started(Begin.SKIP, run.receive_count, run.status)
-            run.receive_count += 1
-            run.status = TaskRun.Status.RUNNING
-            run.started_at = run.started_at or timezone.now()
-            run.finished_at = None
-            run.save(update_fields=["receive_count", "status", "started_at", "finished_at"])
-        return Started(Begin.RUN, run.receive_count, run.status)
+                cursor.execute(_BEGIN, [run_id])
+                row = cursor.fetchone()
+                if row is None:
+                    return Started(Begin.SKIP, 0, TaskRun.Status.SUCCEEDED)
+        return Started(Begin.RUN, row[0], TaskRun.Status.RUNNING)
 
     def succeeded(self, run_id: str) -> None:
         TaskRun.objects.filter(run_id=run_id).exclude(status=TaskRun.Status.FAILED).update(

@@ -55,14 +55,13 @@ class TaskProcessor:
         self.outcomes: Counter[str] = Counter()
 
     def process(self, delivery: Delivery) -> None:
-        # Each worker thread keeps its own connection; drop it if it went bad meanwhile.
-        close_old_connections()
         try:
             self._process(delivery)
         except Exception as exc:
             logger.exception("bookkeeping for %s failed; it will come back", delivery.run_id)
             self._settle(delivery, "infrastructure", self._come_back_later, exc)
         finally:
+            # Each worker thread keeps its own connection; drop it if it went bad or old.
             close_old_connections()
 
     def thread_done(self) -> None:
