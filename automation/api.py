@@ -17,13 +17,16 @@ from rest_framework import exceptions, generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from automation.authentication import WorkerAuthentication
 from automation.models import Automation, Worker
+from automation.permissions import IsWorker
 from automation.selectors import automation_get_with_worker, automation_list
 from automation.services import (
     automation_create,
     automation_deactivate,
     automation_update,
     worker_rotate_credential,
+    worker_seen,
 )
 from common.errors import NotFound
 from identity.permissions import IsPerson, IsPlatformAdmin
@@ -312,3 +315,34 @@ def _validated(serializer_class, request) -> dict[str, Any]:
     serializer = serializer_class(data=request.data)
     serializer.is_valid(raise_exception=True)
     return dict(serializer.validated_data)
+
+
+class WorkerAutomationSerializer(serializers.ModelSerializer):
+    command = CommandField()
+
+    class Meta:
+        model = Automation
+        fields = ("id", "slug", "name", "command", "timeout_seconds", "max_concurrency")
+        read_only_fields = fields
+
+
+class WorkerMeSerializer(serializers.Serializer):
+    worker = serializers.IntegerField(source="id", help_text="The worker's id.")
+    automation = WorkerAutomationSerializer(help_text="What this worker runs, and how.")
+
+
+class WorkerMeApi(APIView):
+    """The calling worker and what its automation runs: the worker reads it at start."""
+
+    authentication_classes = [WorkerAuthentication]
+    permission_classes = [IsWorker]
+
+    @extend_schema(
+        operation_id="worker_me",
+        summary="The calling worker and its automation's command, timeout and limit",
+        responses={200: WorkerMeSerializer},
+    )
+    def get(self, request):
+        worker = request.user
+        worker_seen(worker_id=worker.pk)
+        return Response(WorkerMeSerializer(worker).data)

@@ -18,9 +18,12 @@ Events (all on the platform outbox, ``actor`` the person who made the change):
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
 from django.utils.text import slugify
 
 from automation.authentication import hash_credential, new_credential
@@ -296,3 +299,26 @@ def _raise_if(errors: dict[str, list[str]]) -> None:
 
 def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# A worker calls the hub every few seconds while it runs; writing its row on every call
+# would make each call a write on one hot row. Once in a while is enough.
+WORKER_SEEN_INTERVAL = timedelta(seconds=10)
+
+
+def worker_seen(*, worker_id: int) -> bool:
+    """Record that the worker called the hub: ``last_seen_at``, and ``online``.
+
+    One conditional UPDATE outside any job transaction, skipped when the row was written
+    recently, so a worker's calls never queue up behind each other on its row.
+    """
+    now = timezone.now()
+    return bool(
+        Worker.objects.filter(pk=worker_id, is_active=True)
+        .filter(
+            Q(last_seen_at__isnull=True)
+            | Q(last_seen_at__lt=now - WORKER_SEEN_INTERVAL)
+            | ~Q(status=Worker.Status.ONLINE)
+        )
+        .update(last_seen_at=now, status=Worker.Status.ONLINE, updated_at=now)
+    )

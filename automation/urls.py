@@ -15,4 +15,5 @@ urlpatterns = [
         api.WorkerRotateCredentialApi.as_view(),
         name="automation-worker-rotate-credential",
     ),
+    path("worker/me", api.WorkerMeApi.as_view(), name="worker-me"),
 ]

@@ -20,10 +20,10 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from automation.selectors import automation_get
+from automation.services import worker_seen
 from common.errors import Conflict, InvalidInput, NotFound
 from job.models import Job, JobEvent, JobStatus
 from job.selectors import running_count
-from job.workers import worker_touch
 from outbox.services import publish
 
 logger = logging.getLogger("hubdommed.job")
@@ -194,7 +194,7 @@ def job_claim(*, worker: Any, job_id: int, lease: timedelta | None = None) -> Jo
         # A refused claim is the protocol working, not a failure.
         logger.info("claim of job %s by worker %s refused: %s", job_id, worker.pk, refusal.code)
         raise
-    worker_touch(worker_id=worker.pk)
+    worker_seen(worker_id=worker.pk)
     return job
 
 
@@ -242,7 +242,7 @@ def job_heartbeat(*, worker: Any, job_id: int, claim_token: uuid.UUID, progress:
     )
     _save(job, was=JobStatus.RUNNING)
     # After the commit: the worker's row is not part of the job's transaction.
-    transaction.on_commit(lambda: worker_touch(worker_id=worker.pk))
+    transaction.on_commit(lambda: worker_seen(worker_id=worker.pk))
     return job
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from enum import StrEnum
 
 
@@ -20,11 +21,13 @@ class MachineProvider(ABC):
     name: str
 
     @abstractmethod
-    def power_on(self, worker, *, credential: str | None = None) -> PowerOn:
+    def power_on(self, worker, *, issue_credential: Callable[[], str] | None = None) -> PowerOn:
         """Start the worker's machine unless it is up already (idempotent).
 
-        ``credential`` is handed to machines the hub provisions itself (``local``);
-        a cloud machine keeps the one it was provisioned with.
+        ``issue_credential`` gives a fresh worker credential to a machine the hub
+        provisions itself (``local``), called only once the provider is sure to start
+        it (a rotation makes the previous credential stop working). A cloud machine
+        keeps the one it was provisioned with.
         """
 
     @abstractmethod

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import boto3
 from botocore.config import Config
 from django.conf import settings
@@ -29,7 +31,7 @@ class Ec2Provider(MachineProvider):
             config=Config(connect_timeout=5, read_timeout=20, retries={"mode": "standard"}),
         )
 
-    def power_on(self, worker, *, credential: str | None = None) -> PowerOn:
+    def power_on(self, worker, *, issue_credential: Callable[[], str] | None = None) -> PowerOn:
         client = self.client(worker)
         if self._state(client, worker) == MachineState.RUNNING:
             return PowerOn.ALREADY_RUNNING

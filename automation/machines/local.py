@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
@@ -30,7 +31,7 @@ class LocalProvider(MachineProvider):
         # A local machine has no provisioned secret: it gets a fresh one at each start.
         return True
 
-    def power_on(self, worker, *, credential: str | None = None) -> PowerOn:
+    def power_on(self, worker, *, issue_credential: Callable[[], str] | None = None) -> PowerOn:
         slug = worker.automation.slug
         directory = machines_dir()
         lock = os.open(directory / f"{slug}.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -39,9 +40,9 @@ class LocalProvider(MachineProvider):
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return PowerOn.ALREADY_RUNNING
-            if not credential:
+            if issue_credential is None:
                 raise ValueError("a local machine needs a credential to start its worker")
-            self._spawn(slug, credential, lock, directory)
+            self._spawn(slug, issue_credential(), lock, directory)
             return PowerOn.STARTED
         finally:
             # The child holds the lock now (same open file description); ours can go.

@@ -7,12 +7,11 @@ automation: another automation's job is a 404, as if it did not exist.
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from automation.authentication import WorkerAuthentication
-from automation.models import Worker
+from automation.permissions import IsWorker
 from common.errors import Conflict
 from common.schema import ErrorSerializer
 from job.api.serializers import (
@@ -37,15 +36,6 @@ _REPORT_CONFLICTS = OpenApiResponse(
         "otherwise), `not_running`. Nothing changes."
     ),
 )
-
-
-class IsWorker(BasePermission):
-    """The caller is an automation's worker (``request.user`` is its ``Worker``)."""
-
-    message = "Only an automation's worker may do this."
-
-    def has_permission(self, request, view) -> bool:
-        return isinstance(request.user, Worker) and request.user.is_active
 
 
 class WorkerApi(APIView):

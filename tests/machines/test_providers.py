@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 import threading
 import time
 from types import SimpleNamespace
@@ -13,6 +12,7 @@ import pytest
 from automation.machines import MachineState, PowerOn, provider_for
 from automation.machines.ec2 import Ec2Provider
 from automation.machines.local import LocalProvider
+from tests.machines.conftest import wait_for
 
 
 def worker(provider: str, *, slug: str = "demo", machine_id: str = "", region: str = ""):
@@ -87,51 +87,19 @@ def test_provider_for_picks_by_the_workers_provider():
         provider_for(worker("gcp"))
 
 
-@pytest.fixture
-def fake_worker_command(settings, tmp_path):
-    """Point the local provider at a stand-in for manage.py that records its start and
-    then lives until told to stop, the way a worker process would."""
-    settings.LOCAL_MACHINES_DIR = str(tmp_path / "machines")
-    base = tmp_path / "app"
-    base.mkdir()
-    (base / "manage.py").write_text(
-        textwrap.dedent(
-            """
-            import os, sys, time, pathlib
-            out = pathlib.Path(sys.argv[0]).parent / "starts"
-            with out.open("a") as f:
-                f.write(f"{sys.argv[1:]} {os.environ['HUBDOMMED_WORKER_CREDENTIAL']}\\n")
-            stop = pathlib.Path(sys.argv[0]).parent / "stop"
-            while not stop.exists():
-                time.sleep(0.05)
-            """
-        )
-    )
-    settings.BASE_DIR = base
-    yield base
-    (base / "stop").write_text("")
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_local_power_on_starts_one_detached_worker_with_its_credential(fake_worker_command):
     provider = LocalProvider()
     machine = worker("local", slug="invoices")
     assert provider.state(machine) == MachineState.STOPPED
 
-    assert provider.power_on(machine, credential="hdw_first") == PowerOn.STARTED
+    assert provider.power_on(machine, issue_credential=lambda: "hdw_first") == PowerOn.STARTED
     starts = fake_worker_command / "starts"
     assert wait_for(starts.exists)
     assert provider.state(machine) == MachineState.RUNNING
     # Idempotent: the running worker holds the machine's lock.
-    assert provider.power_on(machine, credential="hdw_second") == PowerOn.ALREADY_RUNNING
+    assert (
+        provider.power_on(machine, issue_credential=lambda: "hdw_second") == PowerOn.ALREADY_RUNNING
+    )
     lines = starts.read_text().splitlines()
     assert lines == ["['run_worker', '--automation', 'invoices'] hdw_first"]
 
@@ -144,7 +112,7 @@ def test_concurrent_local_power_ons_start_a_single_worker(fake_worker_command):
 
     def power_on():
         barrier.wait()
-        results.append(provider.power_on(machine, credential="hdw_x"))
+        results.append(provider.power_on(machine, issue_credential=lambda: "hdw_x"))
 
     threads = [threading.Thread(target=power_on) for _ in range(8)]
     for thread in threads:
@@ -163,12 +131,12 @@ def test_when_the_local_worker_exits_the_machine_is_stopped_and_can_start_again(
 ):
     provider = LocalProvider()
     machine = worker("local", slug="again")
-    provider.power_on(machine, credential="hdw_1")
+    provider.power_on(machine, issue_credential=lambda: "hdw_1")
     assert wait_for(lambda: provider.state(machine) == MachineState.RUNNING)
     (fake_worker_command / "stop").write_text("")
     assert wait_for(lambda: provider.state(machine) == MachineState.STOPPED)
     (fake_worker_command / "stop").unlink()
-    assert provider.power_on(machine, credential="hdw_2") == PowerOn.STARTED
+    assert provider.power_on(machine, issue_credential=lambda: "hdw_2") == PowerOn.STARTED
     assert wait_for(lambda: len((fake_worker_command / "starts").read_text().splitlines()) == 2)
 
 

@@ -1,0 +1,87 @@
+"""Use cases of machines: power an automation's machine on, stop idle ones, note a worker seen.
+
+They run in background tasks and daemons, never inside a request: providers call out to
+other systems (a process table, AWS) and may be slow.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from automation.machines import MachineState, PowerOn, provider_for
+from automation.models import Worker
+from automation.services import worker_rotate_credential
+
+logger = logging.getLogger("hubdommed.machines")
+
+
+def machine_power_on(*, automation_id: int) -> PowerOn | None:
+    """Power on the automation's machine unless it is up already. Idempotent.
+
+    Returns what the provider did, or None when there is nothing to power on (the
+    automation or its worker is inactive). A machine the hub provisions itself (``local``)
+    gets a fresh credential, issued only once the provider knows it will start it.
+    """
+    worker = (
+        Worker.objects.select_related("automation")
+        .filter(automation_id=automation_id, is_active=True, automation__is_active=True)
+        .first()
+    )
+    if worker is None:
+        logger.info("automation %s: nothing to power on (inactive)", automation_id)
+        return None
+    provider = provider_for(worker)
+
+    def issue_credential() -> str:
+        return worker_rotate_credential(automation_id=automation_id, actor="system").credential
+
+    outcome = provider.power_on(
+        worker, issue_credential=issue_credential if provider.needs_credential() else None
+    )
+    if outcome == PowerOn.STARTED:
+        Worker.objects.filter(pk=worker.pk).exclude(status=Worker.Status.ONLINE).update(
+            status=Worker.Status.STARTING, updated_at=timezone.now()
+        )
+    logger.info("automation %s: machine %s (%s)", automation_id, outcome, worker.provider)
+    return outcome
+
+
+def machines_stop_idle(*, idle_for: timedelta, busy_automation_ids: set[int]) -> int:
+    """Stop the ``ec2`` machines not seen for ``idle_for`` whose automation has no work.
+
+    ``busy_automation_ids`` are automations with pending or running jobs (the caller
+    knows jobs; this module does not). Returns how many machines were asked to stop.
+    """
+    cutoff = timezone.now() - idle_for
+    idle = (
+        Worker.objects.select_related("automation")
+        .filter(provider=Worker.Provider.EC2, is_active=True)
+        .filter(status__in=[Worker.Status.ONLINE, Worker.Status.STARTING])
+        .filter(Q(last_seen_at__lt=cutoff) | Q(last_seen_at__isnull=True, updated_at__lt=cutoff))
+        .exclude(automation_id__in=busy_automation_ids)
+    )
+    stopped = 0
+    for worker in idle:
+        provider = provider_for(worker)
+        try:
+            provider.power_off(worker)
+        except Exception:
+            # One machine the provider cannot stop must not keep the others running.
+            logger.exception("automation %s: could not stop its machine", worker.automation_id)
+            continue
+        with transaction.atomic():
+            Worker.objects.filter(pk=worker.pk).update(
+                status=Worker.Status.OFFLINE, updated_at=timezone.now()
+            )
+        stopped += 1
+    return stopped
+
+
+def machine_state(*, automation_id: int) -> MachineState:
+    worker = Worker.objects.select_related("automation").get(automation_id=automation_id)
+    return provider_for(worker).state(worker)

@@ -1,0 +1,28 @@
+"""Background tasks of the automation module (imported by the worker only)."""
+
+from __future__ import annotations
+
+from automation.machines.services import machine_power_on
+from common.errors import InvalidInput
+from outbox.runtime import TaskMessage, task
+from relay.topology import ensure_automation_queue
+
+
+def _automation_id(message: TaskMessage) -> int:
+    automation_id = message.payload.get("automation_id")
+    if not isinstance(automation_id, int) or isinstance(automation_id, bool):
+        # No retry can fix a message without its automation: park it.
+        raise InvalidInput(f"{message.task}: the payload has no integer automation_id")
+    return automation_id
+
+
+@task("machines.power_on")
+def power_on(message: TaskMessage) -> None:
+    """Subscribed to JobCreated (and re-sent by the stuck-job monitor)."""
+    machine_power_on(automation_id=_automation_id(message))
+
+
+@task("automation.provision_queue")
+def provision_queue(message: TaskMessage) -> None:
+    """Subscribed to AutomationCreated: the automation's own job queue on the broker."""
+    ensure_automation_queue(_automation_id(message))
