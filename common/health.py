@@ -37,28 +37,19 @@ def check_redis() -> None:
 
 
 def check_broker() -> None:
+    # The same connection settings as the relay's, with the probe's short timeouts.
     if settings.BROKER == "rabbitmq":
         import pika
 
-        params = pika.URLParameters(settings.RABBITMQ_URL)
-        params.socket_timeout = PROBE_TIMEOUT
-        params.blocked_connection_timeout = PROBE_TIMEOUT
-        params.connection_attempts = 1
+        from relay.transports.rabbitmq import connection_parameters
+
+        params = connection_parameters()
+        params.socket_timeout = params.stack_timeout = PROBE_TIMEOUT
         pika.BlockingConnection(params).close()
     else:
-        import boto3
-        from botocore.config import Config
+        from relay.transports.sqs import sqs_client
 
-        client = boto3.client(
-            "sqs",
-            region_name=settings.AWS_REGION,
-            endpoint_url=settings.SQS_ENDPOINT_URL,
-            config=Config(
-                connect_timeout=PROBE_TIMEOUT,
-                read_timeout=PROBE_TIMEOUT,
-                retries={"max_attempts": 1},
-            ),
-        )
+        client = sqs_client(timeout=PROBE_TIMEOUT, attempts=1)
         client.list_queues(QueueNamePrefix=settings.QUEUE_PREFIX, MaxResults=1)
 
 

@@ -265,5 +265,10 @@ ACCESS_TOKEN_SIGNING_KEY = env.str("ACCESS_TOKEN_SIGNING_KEY", default="") or SE
 # --- Machines and the automation worker ---------------------------------------------------
 # Where an automation's worker reaches the hub's API.
 HUB_URL = env.url("HUB_URL", default="http://127.0.0.1:8000", schemes=("http", "https"))
+# The automation worker: how often it polls the hub for pending jobs (besides its queue),
+# and how long it waits with nothing to do before it exits (0: never; a local machine
+# powering off).
+AGENT_POLL_INTERVAL = env.float("AGENT_POLL_INTERVAL", default=5.0, minimum=0.05)
+AGENT_IDLE_TIMEOUT = env.float("AGENT_IDLE_TIMEOUT", default=600.0, minimum=0)
 # The local provider's lock, pid and log files, one set per automation.
 LOCAL_MACHINES_DIR = env.str("LOCAL_MACHINES_DIR", default=str(BASE_DIR / "var" / "machines"))

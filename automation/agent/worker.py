@@ -19,6 +19,7 @@ from datetime import datetime
 
 from automation.agent.client import AutomationInfo, ClaimRefused, HubClient, HubError
 from automation.agent.executor import Outcome, run_claimed_job
+from relay.transports.consume import BadMessage
 
 logger = logging.getLogger("hubdommed.agent")
 
@@ -207,3 +208,34 @@ class AutomationWorker:
             self.stopping_jobs.set()
             for thread in list(self._running.values()):
                 thread.join(30)
+
+
+class JobOfferProcessor:
+    """The runtime's processor for an automation's queue: each message offers a job.
+
+    The message is acknowledged as soon as the job is offered: if this worker dies before
+    claiming it, the job is still pending and the poll (this worker's or another's) finds it.
+    """
+
+    def __init__(self, consumer, worker: AutomationWorker) -> None:
+        self.consumer = consumer
+        self.worker = worker
+
+    def process(self, delivery) -> None:
+        with delivery.settling() as mine:
+            if not mine:
+                return
+            try:
+                job_id = delivery.envelope["payload"]["job_id"]
+            except (BadMessage, KeyError, TypeError):
+                logger.warning("dropping a message that names no job: %r", delivery.body[:200])
+            else:
+                if isinstance(job_id, int):
+                    self.worker.offer(job_id)
+            self.consumer.ack(delivery)
+
+    def released(self, delivery) -> None:
+        """Nothing to record: the automation worker keeps no bookkeeping of messages."""
+
+    def thread_done(self) -> None:
+        """No per-thread resources (no database)."""

@@ -51,7 +51,7 @@ class LocalProvider(MachineProvider):
     def _spawn(self, slug: str, credential: str, lock: int, directory: Path) -> None:
         env = {
             **os.environ,
-            "HUBDOMMED_URL": settings.HUB_URL,
+            "HUB_URL": settings.HUB_URL,
             "HUBDOMMED_WORKER_CREDENTIAL": credential,
             LOCK_FD_ENV: str(lock),
         }

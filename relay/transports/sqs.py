@@ -33,16 +33,16 @@ _ALREADY_EXISTS = {
 }
 
 
-def sqs_client() -> Any:
+def sqs_client(*, timeout: float = TIMEOUT, attempts: int = 2) -> Any:
     """A client for ``settings.SQS_ENDPOINT_URL`` (None: the real AWS) with short timeouts."""
     return boto3.client(
         "sqs",
         region_name=settings.AWS_REGION,
         endpoint_url=settings.SQS_ENDPOINT_URL,
         config=Config(
-            connect_timeout=TIMEOUT,
-            read_timeout=TIMEOUT,
-            retries={"max_attempts": 2, "mode": "standard"},
+            connect_timeout=timeout,
+            read_timeout=timeout,
+            retries={"max_attempts": attempts, "mode": "standard"},
             max_pool_connections=10,
         ),
     )

@@ -47,3 +47,16 @@ def test_the_openapi_schema_and_docs_are_served():
     assert schema.status_code == 200
     assert schema.json()["info"]["title"] == "Hub DomMed API"
     assert client.get("/api/docs/").status_code == 200
+
+
+def test_ready_checks_sqs_when_it_is_the_broker(settings, moto_endpoint):
+    settings.BROKER = "sqs"
+    settings.SQS_ENDPOINT_URL = moto_endpoint
+    response = Client().get("/health/ready")
+    assert response.status_code == 200, response.json()
+    assert response.json()["checks"]["broker"] == "ok"
+
+    settings.SQS_ENDPOINT_URL = f"http://127.0.0.1:{closed_port()}"
+    response = Client().get("/health/ready")
+    assert response.status_code == 503
+    assert response.json()["failed"] == ["broker"]

@@ -1,0 +1,158 @@
+"""The automation worker as a real process against the hub over HTTP: limits, cancel, timeout."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+
+import pytest
+
+from job.models import Job
+from tests.e2e.conftest import job_status, wait_until
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+# A command that records when it starts and ends (and its pid), then works for a while.
+TRACED = [
+    sys.executable,
+    "-c",
+    textwrap.dedent(
+        """
+        import json, os, sys, time
+        params = json.load(sys.stdin)
+        with open(params["trace"], "a") as trace:
+            trace.write(f"start {os.environ['HUBDOMMED_JOB_ID']} {time.time()} {os.getpid()}\\n")
+        time.sleep(params.get("sleep", 0.5))
+        with open(params["trace"], "a") as trace:
+            trace.write(f"end {os.environ['HUBDOMMED_JOB_ID']} {time.time()} {os.getpid()}\\n")
+        print("worked", flush=True)
+        """
+    ),
+]
+
+
+def trigger(api, automation_id: int, **params) -> int:
+    response = api.post(f"{api.base}/jobs", json={"automation": automation_id, "params": params})
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
+def trace_lines(path) -> list[tuple[str, int, float, int]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        kind, job, at, pid = line.split()
+        rows.append((kind, int(job), float(at), int(pid)))
+    return rows
+
+
+def most_at_once(rows) -> int:
+    running, peak = 0, 0
+    # Ends sort before starts at the same instant: a slot freed then taken is not overlap.
+    for kind, _, _, _ in sorted(rows, key=lambda row: (row[2], row[0] == "start")):
+        running += 1 if kind == "start" else -1
+        peak = max(peak, running)
+    return peak
+
+
+def test_three_workers_never_run_more_than_the_limit_and_run_every_job_once(
+    system, catalog, api, tmp_path
+):
+    created = catalog("limited", command=TRACED, max_concurrency=2)
+    trace = tmp_path / "trace"
+    system.relay()
+    workers = [
+        system.automation_worker("limited", created.credential, AGENT_POLL_INTERVAL="0.3")
+        for _ in range(3)
+    ]
+
+    job_ids = [trigger(api, created.automation.id, trace=str(trace), sleep=0.6) for _ in range(8)]
+
+    wait_until(
+        lambda: (
+            set(Job.objects.filter(pk__in=job_ids).values_list("status", flat=True))
+            == {"succeeded"}
+        ),
+        timeout=120,
+        describe=system.log_text,
+    )
+    rows = trace_lines(trace)
+    started = [job for kind, job, _, _ in rows if kind == "start"]
+    assert sorted(started) == sorted(job_ids), "every job runs, and only once"
+    assert most_at_once(rows) <= 2
+    assert set(Job.objects.filter(pk__in=job_ids).values_list("attempt", flat=True)) == {1}
+    assert all(worker.poll() is None for worker in workers)
+
+
+def test_canceling_a_running_job_stops_its_command(system, catalog, api, settings, tmp_path):
+    settings.JOB_LEASE_SECONDS = 3  # heartbeats every second
+    created = catalog("cancelable", command=TRACED)
+    trace = tmp_path / "trace"
+    system.automation_worker("cancelable", created.credential, AGENT_POLL_INTERVAL="0.3")
+    job_id = trigger(api, created.automation.id, trace=str(trace), sleep=60)
+    wait_until(lambda: trace_lines(trace), timeout=60, describe=system.log_text)
+    pid = trace_lines(trace)[0][3]
+
+    assert api.post(f"{api.base}/jobs/{job_id}/cancel").status_code == 200
+
+    wait_until(
+        lambda: job_status(job_id) == "canceled",
+        timeout=30,
+        describe=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
+    )
+    wait_until(lambda: not pid_alive(pid), timeout=15, describe=lambda: f"{pid} still runs")
+    assert [kind for kind, *_ in trace_lines(trace)] == ["start"]
+
+
+def test_a_command_past_its_timeout_is_stopped_and_the_job_fails_with_the_reason(
+    system, catalog, api, tmp_path
+):
+    created = catalog("slow", command=TRACED, timeout_seconds=2)
+    trace = tmp_path / "trace"
+    system.automation_worker("slow", created.credential, AGENT_POLL_INTERVAL="0.3")
+
+    job_id = trigger(api, created.automation.id, trace=str(trace), sleep=60)
+
+    wait_until(
+        lambda: job_status(job_id) == "failed",
+        timeout=60,
+        describe=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
+    )
+    job = Job.objects.get(pk=job_id)
+    assert job.failure_reason == "timeout"
+    assert "timed out after 2 s" in job.error
+    pid = trace_lines(trace)[0][3]
+    wait_until(lambda: not pid_alive(pid), timeout=15, describe=lambda: f"{pid} still runs")
+
+
+def test_a_failing_command_fails_the_job_with_its_exit_code_and_output(system, catalog, api):
+    created = catalog("failing")
+    system.automation_worker("failing", created.credential, AGENT_POLL_INTERVAL="0.3")
+
+    job_id = trigger(api, created.automation.id, name="x", fail=True, exit_code=3)
+
+    wait_until(
+        lambda: job_status(job_id) == "failed",
+        timeout=60,
+        describe=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
+    )
+    job = Job.objects.get(pk=job_id)
+    assert (job.failure_reason, job.exit_code) == ("exit_code", 3)
+    assert "failing as asked" in job.output_tail
+    assert json.loads(json.dumps(job.params)) == {"name": "x", "fail": True, "exit_code": 3}
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (ended, not yet reaped) counts as stopped.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
