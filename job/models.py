@@ -147,6 +147,14 @@ class Job(models.Model):
     def cancel_requested(self) -> bool:
         return self.cancel_requested_at is not None
 
+    def lease_expired(self, *, now: datetime) -> bool:
+        """A running job whose worker has not heartbeaten within its lease."""
+        return (
+            self.status == JobStatus.RUNNING
+            and self.lease_expires_at is not None
+            and self.lease_expires_at <= now
+        )
+
     # --- events -----------------------------------------------------------------------
 
     def _event(self, name: str, **extra: Any) -> JobEvent:
@@ -220,15 +228,30 @@ class Job(models.Model):
         if progress is not None:
             self.progress = progress
 
-    def complete(self, *, claim_token: uuid.UUID, result: Any, now: datetime) -> JobEvent | None:
+    def complete(
+        self,
+        *,
+        claim_token: uuid.UUID,
+        result: Any,
+        now: datetime,
+        output_tail: str = "",
+        exit_code: int | None = None,
+    ) -> JobEvent | None:
+        """The worker's success report, with the command's exit code and output tail."""
         self.check_claim(claim_token)
-        if self.status == JobStatus.SUCCEEDED and self.result == result:
+        if (
+            self.status == JobStatus.SUCCEEDED
+            and self.result == result
+            and self.exit_code == exit_code
+        ):
             return None  # the same report again (a retried request)
         self._require_running()
         self.status = JobStatus.SUCCEEDED
         self.result = result
+        self.output_tail = output_tail
+        self.exit_code = exit_code
         self._finish(now)
-        return self._event("JobCompleted", attempt=self.attempt)
+        return self._event("JobCompleted", attempt=self.attempt, exit_code=exit_code)
 
     def fail(
         self,
@@ -250,10 +273,11 @@ class Job(models.Model):
             self.check_claim(claim_token)
             if (
                 self.status in (JobStatus.FAILED, JobStatus.CANCELED)
+                and self.failure_reason in (reason, FailureReason.CANCELED)
                 and self.error == error
                 and self.exit_code == exit_code
             ):
-                return None  # the same report again
+                return None  # the same report again (not a verdict the hub reached alone)
         self._require_running()
         self.error = error
         self.output_tail = output_tail

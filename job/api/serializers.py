@@ -170,13 +170,8 @@ class HeartbeatOutput(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class CompleteInput(_ClaimInput):
-    result = AnyJSONField(required=False, allow_null=True, default=None)
-
-
-class FailInput(_ClaimInput):
-    error = serializers.CharField(max_length=10_000, allow_blank=True, trim_whitespace=False)
-    output_tail = serializers.CharField(
+def _output_tail_field() -> serializers.CharField:
+    return serializers.CharField(
         required=False,
         default="",
         allow_blank=True,
@@ -184,7 +179,32 @@ class FailInput(_ClaimInput):
         help_text="The end of the command's output; only the last "
         f"{settings.JOB_OUTPUT_TAIL_MAX_CHARS} characters are kept.",
     )
-    exit_code = serializers.IntegerField(required=False, allow_null=True, default=None)
+
+
+def _exit_code_field() -> serializers.IntegerField:
+    # A process's exit status (negative: killed by that signal), within PostgreSQL's integer.
+    return serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        default=None,
+        min_value=-(2**31),
+        max_value=2**31 - 1,
+        help_text="The command's exit code.",
+    )
+
+
+class CompleteInput(_ClaimInput):
+    result = AnyJSONField(
+        required=False, allow_null=True, default=None, help_text="Any JSON the command produced."
+    )
+    output_tail = _output_tail_field()
+    exit_code = _exit_code_field()
+
+
+class FailInput(_ClaimInput):
+    error = serializers.CharField(max_length=10_000, allow_blank=True, trim_whitespace=False)
+    output_tail = _output_tail_field()
+    exit_code = _exit_code_field()
     reason = serializers.ChoiceField(
         choices=[FailureReason.ERROR, FailureReason.EXIT_CODE, FailureReason.TIMEOUT],
         required=False,

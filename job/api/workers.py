@@ -112,7 +112,11 @@ class JobCompleteApi(WorkerApi):
     @extend_schema(
         operation_id="jobs_complete",
         summary="Report success",
-        description="Repeating the same report returns the job unchanged.",
+        description=(
+            "Ends the job `succeeded` with its `result` and, optionally, the command's "
+            "`exit_code` and the end of its output (`output_tail`). Repeating the same "
+            "report returns the job unchanged."
+        ),
         request=CompleteInput,
         responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )

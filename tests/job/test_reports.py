@@ -13,7 +13,7 @@ from job.models import Job
 from job.services import job_cancel
 from outbox.models import Event
 from tests.job.factories import JobFactory, RunningJobFactory
-from tests.job.support import events_of
+from tests.job.support import client_of, events_of
 
 pytestmark = pytest.mark.django_db
 
@@ -92,6 +92,73 @@ def test_completing_ends_the_job_succeeded_with_its_result(worker_api, running):
     assert events_of(running.id) == ["JobStarted", "JobCompleted"]
 
 
+def test_completing_keeps_the_exit_code_and_output_tail_and_shows_them_to_people(
+    worker_api, running
+):
+    response = post(
+        worker_api,
+        running,
+        "complete",
+        claim_token=str(running.claim_token),
+        result={"exit_code": 0},
+        output_tail="done\n",
+        exit_code=0,
+    )
+
+    assert response.status_code == 200, response.json()
+    running.refresh_from_db()
+    assert running.status == Job.Status.SUCCEEDED
+    assert (running.result, running.output_tail, running.exit_code) == (
+        {"exit_code": 0},
+        "done\n",
+        0,
+    )
+    assert Event.objects.get(type="JobCompleted").payload["exit_code"] == 0
+    shown = client_of(running.requested_by).get(f"/api/v1/jobs/{running.id}").json()
+    assert (shown["status"], shown["output_tail"], shown["exit_code"]) == ("succeeded", "done\n", 0)
+    assert shown["result"] == {"exit_code": 0}
+
+
+def test_completing_without_output_leaves_it_empty(worker_api, running):
+    post(worker_api, running, "complete", claim_token=str(running.claim_token), result=None)
+
+    running.refresh_from_db()
+    assert (running.status, running.output_tail, running.exit_code) == ("succeeded", "", None)
+
+
+def test_only_the_end_of_a_long_output_is_kept_on_success_too(worker_api, running, settings):
+    settings.JOB_OUTPUT_TAIL_MAX_CHARS = 10
+
+    post(
+        worker_api,
+        running,
+        "complete",
+        claim_token=str(running.claim_token),
+        output_tail="0123456789abcdefghij",
+        exit_code=0,
+    )
+
+    running.refresh_from_db()
+    assert running.output_tail == "abcdefghij"
+
+
+@pytest.mark.parametrize("action", ["complete", "fail"])
+@pytest.mark.parametrize("exit_code", ["zero", 2**31, 1.5])
+def test_an_exit_code_that_is_not_a_small_integer_is_a_400(worker_api, running, action, exit_code):
+    response = post(
+        worker_api,
+        running,
+        action,
+        claim_token=str(running.claim_token),
+        error="e",
+        exit_code=exit_code,
+    )
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid"
+    assert Job.objects.get(pk=running.id).status == Job.Status.RUNNING
+
+
 def test_failing_ends_the_job_failed_with_the_error_and_output_tail(worker_api, running):
     response = post(
         worker_api,
@@ -157,7 +224,12 @@ def test_a_result_over_the_limit_is_refused_and_changes_nothing(worker_api, runn
 
 @pytest.mark.parametrize(
     ("action", "body"),
-    [("complete", {"result": {"ok": True}}), ("fail", {"error": "boom", "exit_code": 1})],
+    [
+        ("complete", {"result": {"ok": True}}),
+        ("complete", {"result": {"exit_code": 0}, "output_tail": "ok\n", "exit_code": 0}),
+        ("fail", {"error": "boom", "exit_code": 1}),
+        ("fail", {"error": "slow", "reason": "timeout", "output_tail": "..."}),
+    ],
 )
 def test_repeating_the_same_report_is_idempotent(worker_api, running, action, body):
     token = str(running.claim_token)
@@ -231,6 +303,17 @@ def test_a_report_without_a_valid_claim_token_is_a_400(worker_api, running, acti
 
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid"
+
+
+def test_a_second_success_report_with_another_exit_code_is_refused(worker_api, running):
+    token = str(running.claim_token)
+    post(worker_api, running, "complete", claim_token=token, result=1, exit_code=0)
+
+    response = post(worker_api, running, "complete", claim_token=token, result=1, exit_code=3)
+
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "already_finished"
+    assert Job.objects.get(pk=running.id).exit_code == 0
 
 
 def test_a_heartbeat_after_the_end_is_refused(worker_api, running):

@@ -39,6 +39,17 @@ def test_the_schema_documents_every_jobs_endpoint_with_its_authentication():
     assert {"next", "previous", "results"} <= set(page["properties"])  # the cursor page
 
 
+def test_the_schema_documents_the_output_both_reports_carry():
+    schema = APIClient().get("/api/schema/", {"format": "json"}).json()
+    components = schema["components"]["schemas"]
+
+    for action in ("complete", "fail"):
+        body = schema["paths"][f"/api/v1/jobs/{{job_id}}/{action}"]["post"]["requestBody"]
+        ref = body["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
+        assert {"claim_token", "output_tail", "exit_code"} <= set(components[ref]["properties"])
+    assert {"output_tail", "exit_code", "result"} <= set(components["JobOutput"]["properties"])
+
+
 def plan_of(queryset) -> str:
     """EXPLAIN of the query with sequential scans priced out, as on a large table."""
     sql, params = queryset.query.sql_with_params()
