@@ -50,3 +50,51 @@ def jobs_pending_for(*, automation_id: int, limit: int) -> list[Job]:
 
 def running_count(*, automation_id: int) -> int:
     return Job.objects.filter(automation_id=automation_id, status=JobStatus.RUNNING).count()
+
+
+# --- the stuck-job monitor ----------------------------------------------------------------
+
+
+def automations_with_jobs_pending_before(cutoff: datetime) -> list[int]:
+    """The automations with a job pending since before ``cutoff``, by id.
+
+    A pending job's ``updated_at`` is when it became pending: its creation, or the
+    requeue that put it back after a lost worker (nothing else touches a pending job).
+    It is never before ``created_at``, so the condition on ``created_at`` is implied and
+    only there to walk ``jobs_pending_poll_idx``.
+    """
+    return list(
+        Job.objects.filter(status=JobStatus.PENDING, created_at__lt=cutoff, updated_at__lt=cutoff)
+        .order_by("automation_id")
+        .values_list("automation_id", flat=True)
+        .distinct()
+    )
+
+
+def jobs_with_expired_lease(*, now: datetime, limit: int = 1000) -> list[int]:
+    """Running jobs whose lease expired by ``now``, oldest expiry first, by id.
+
+    The running set is small (bounded by the automations' limits); ``jobs_running_idx``
+    holds exactly it.
+    """
+    return list(
+        Job.objects.filter(status=JobStatus.RUNNING, lease_expires_at__lte=now)
+        .order_by("lease_expires_at", "id")
+        .values_list("id", flat=True)[:limit]
+    )
+
+
+def automation_ids_with_work() -> set[int]:
+    """Automations with a pending or running job: their machines must stay up.
+
+    One query per status, so that each reads its own partial index (a ``status IN``
+    would match neither index's condition and scan the whole history).
+    """
+    return {
+        automation_id
+        for status in (JobStatus.PENDING, JobStatus.RUNNING)
+        for automation_id in Job.objects.filter(status=status)
+        .order_by()
+        .values_list("automation_id", flat=True)
+        .distinct()
+    }

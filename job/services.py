@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 import jsonschema
@@ -23,10 +24,13 @@ from automation.selectors import automation_get
 from automation.services import worker_seen
 from common.errors import Conflict, InvalidInput, NotFound
 from job.models import Job, JobEvent, JobStatus
-from job.selectors import running_count
-from outbox.services import publish
+from job.selectors import automations_with_jobs_pending_before, running_count
+from outbox.services import dispatch, publish
 
 logger = logging.getLogger("hubdommed.job")
+
+# The task that powers an automation's machine on (subscribed to JobCreated, in tasks.json).
+POWER_ON_TASK = "machines.power_on"
 
 # Advisory-lock namespace of job claims (the first key of pg_advisory_xact_lock(int, int)).
 CLAIM_LOCK_NAMESPACE = 0x6A6F62  # "job"
@@ -247,11 +251,26 @@ def job_heartbeat(*, worker: Any, job_id: int, claim_token: uuid.UUID, progress:
 
 
 @transaction.atomic
-def job_complete(*, worker: Any, job_id: int, claim_token: uuid.UUID, result: Any) -> Job:
+def job_complete(
+    *,
+    worker: Any,
+    job_id: int,
+    claim_token: uuid.UUID,
+    result: Any,
+    output_tail: str = "",
+    exit_code: int | None = None,
+) -> Job:
+    """The worker's success report: the result, and the command's exit code and output."""
     _require_size("result", result, settings.JOB_RESULT_MAX_BYTES)
     job = _locked(Job.objects.filter(automation_id=worker.automation_id), job_id)
     was = job.status
-    event = job.complete(claim_token=claim_token, result=result, now=timezone.now())
+    event = job.complete(
+        claim_token=claim_token,
+        result=result,
+        now=timezone.now(),
+        output_tail=_tail(output_tail),
+        exit_code=exit_code,
+    )
     if event is not None:
         _save(job, was=was)
         _record(job, event, actor=worker)
@@ -279,7 +298,7 @@ def job_fail(
         reason=reason,
         now=timezone.now(),
         error=error,
-        output_tail=output_tail[-settings.JOB_OUTPUT_TAIL_MAX_CHARS :],
+        output_tail=_tail(output_tail),
         exit_code=exit_code,
         claim_token=claim_token,
     )
@@ -289,7 +308,95 @@ def job_fail(
     return job
 
 
+# --- the stuck-job monitor ----------------------------------------------------------------
+
+
+class Settlement(StrEnum):
+    """What ``job_settle_lost`` did with a job."""
+
+    FAILED = "failed"  # failed with worker_lost, JobFailed recorded
+    CANCELED = "canceled"  # a cancellation was pending: the job ends canceled
+    REQUEUED = "requeued"  # back to pending for another attempt; the machine powered on again
+    ALIVE = "alive"  # a heartbeat arrived in time after all: left alone
+    SKIPPED = "skipped"  # not running any more, or someone else holds the row right now
+
+
+WORKER_LOST_ERROR = "The worker stopped heartbeating: its lease expired at {expired}."
+
+
+def job_settle_lost(*, job_id: int) -> Settlement:
+    """Settle a running job whose lease expired: its worker is gone.
+
+    The lease is checked again under the row lock, so a heartbeat that committed since
+    the job was listed wins. SKIP LOCKED: a row held by a heartbeat, a report or another
+    monitor is left to its holder; the next cycle sees what came of it, so two monitors
+    never settle one job twice.
+
+    When the automation allows another attempt (``max_attempts`` above the job's
+    ``attempt``, the automation active, no cancellation asked) the job goes back to
+    pending and ``machines.power_on`` is dispatched again for it; no event (the next
+    start records JobStarted with the new attempt). Otherwise it fails with
+    ``worker_lost`` and JobFailed is recorded, by the system.
+    """
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update(of=("self",), skip_locked=True)
+            .filter(pk=job_id, status=JobStatus.RUNNING)
+            .first()
+        )
+        if job is None:
+            return Settlement.SKIPPED
+        now = timezone.now()
+        if not job.lease_expired(now=now):
+            return Settlement.ALIVE
+        automation = automation_get(job.automation_id)
+        if (
+            automation is not None
+            and automation.is_active
+            and automation.max_attempts > job.attempt
+            and not job.cancel_requested
+        ):
+            job.requeue(now=now)
+            _save(job, was=JobStatus.RUNNING)
+            dispatch(POWER_ON_TASK, {"automation_id": int(job.automation_id)}, tenant=job.tenant_id)
+            outcome = Settlement.REQUEUED
+        else:
+            event = job.fail(
+                reason=Job.FailureReason.WORKER_LOST,
+                now=now,
+                error=WORKER_LOST_ERROR.format(expired=job.lease_expires_at.isoformat()),
+            )
+            _save(job, was=JobStatus.RUNNING)
+            _record(job, event, actor="system")
+            outcome = Settlement(job.status)
+    logger.info("job %s: worker lost (attempt %s), %s", job_id, job.attempt, outcome)
+    return outcome
+
+
+@transaction.atomic
+def jobs_resend_power_on(*, pending_before: datetime) -> list[int]:
+    """Dispatch ``machines.power_on`` again, once per automation, for the automations
+    with a job pending since before ``pending_before``. Returns their ids.
+
+    On the platform outbox: it is the hub's own initiative, not one tenant's request.
+    An inactive automation's machine is not powered on (its jobs wait for nothing).
+    """
+    automation_ids = [
+        automation_id
+        for automation_id in automations_with_jobs_pending_before(pending_before)
+        if automation_get(automation_id, active_only=True) is not None
+    ]
+    for automation_id in automation_ids:
+        dispatch(POWER_ON_TASK, {"automation_id": int(automation_id)})
+    return automation_ids
+
+
 # --- plumbing -----------------------------------------------------------------------------
+
+
+def _tail(output: str) -> str:
+    """The end of the command's output, as much as is kept."""
+    return output[-settings.JOB_OUTPUT_TAIL_MAX_CHARS :]
 
 
 def _locked(queryset, job_id: int) -> Job:
