@@ -203,6 +203,14 @@ JOB_PARAMS_MAX_BYTES = env.int("JOB_PARAMS_MAX_BYTES", default=64 * 1024, minimu
 JOB_RESULT_MAX_BYTES = env.int("JOB_RESULT_MAX_BYTES", default=256 * 1024, minimum=2)
 JOB_OUTPUT_TAIL_MAX_CHARS = env.int("JOB_OUTPUT_TAIL_MAX_CHARS", default=16 * 1024, minimum=1)
 
+# --- Stuck-job monitor (manage.py watch_stuck_jobs) ---------------------------------------
+# Seconds between cycles (--interval overrides it).
+MONITOR_INTERVAL_SECONDS = env.float("MONITOR_INTERVAL_SECONDS", default=30.0, minimum=0.1)
+# A job pending longer than this gets its machine powered on again.
+MONITOR_PENDING_SECONDS = env.int("MONITOR_PENDING_SECONDS", default=3 * 60, minimum=1)
+# An ec2 machine not seen for this long, with no pending or running job, is stopped.
+MONITOR_EC2_IDLE_SECONDS = env.int("MONITOR_EC2_IDLE_SECONDS", default=15 * 60, minimum=1)
+
 # --- API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["identity.authentication.AccessTokenAuthentication"],

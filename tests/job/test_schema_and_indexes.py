@@ -88,3 +88,27 @@ def test_the_tenant_listing_walks_the_tenant_index_newest_first(user):
 
     assert "jobs_tenant_recent_idx" in plan_of(queryset)
     assert "Sort" not in plan_of(queryset)
+
+
+def test_the_monitors_reads_walk_the_partial_indexes():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    stale_pending = (
+        Job.objects.filter(status="pending", created_at__lt=now, updated_at__lt=now)
+        .order_by("automation_id")
+        .values_list("automation_id", flat=True)
+        .distinct()
+    )
+    expired = (
+        Job.objects.filter(status="running", lease_expires_at__lte=now + timedelta(seconds=1))
+        .order_by("lease_expires_at", "id")
+        .values_list("id", flat=True)[:1000]
+    )
+    busy = Job.objects.filter(status="running").order_by().values_list("automation_id").distinct()
+
+    assert "jobs_pending_poll_idx" in plan_of(stale_pending)
+    assert "jobs_running_idx" in plan_of(expired)
+    assert "jobs_running_idx" in plan_of(busy)

@@ -1,0 +1,170 @@
+"""``manage.py watch_stuck_jobs``: rescue the jobs that got stuck, every 30 s.
+
+Each cycle, in three steps that each fail alone (logged, and the next step and the
+next cycle run anyway):
+
+1. power on again the machines of automations whose jobs have waited pending longer
+   than ``MONITOR_PENDING_SECONDS``: one ``machines.power_on`` per automation;
+2. settle the running jobs whose lease expired (their worker stopped heartbeating):
+   ``worker_lost``, or back to pending when the automation allows another attempt;
+3. stop the ``ec2`` machines idle for longer than ``MONITOR_EC2_IDLE_SECONDS``.
+
+One line of counts per cycle at info. SIGTERM or SIGINT end the loop within a second
+(the wait between cycles is cut in slices) and the process exits 0. Two monitors
+running at once never settle a job twice (SKIP LOCKED, and the lease re-checked under
+the lock); they may each re-send a power-on, which is idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections
+from django.utils import timezone
+
+from automation.machines.services import machines_stop_idle
+from job.selectors import automation_ids_with_work, jobs_with_expired_lease
+from job.services import Settlement, job_settle_lost, jobs_resend_power_on
+
+logger = logging.getLogger("hubdommed.monitor")
+
+# Longest single sleep (seconds) between cycles: how long SIGTERM may wait.
+SLEEP_SLICE = 1.0
+
+
+@dataclass
+class CycleCounts:
+    powered_on: int = 0
+    settled: Counter = field(default_factory=Counter)
+    machines_stopped: int = 0
+    errors: int = 0
+
+    def line(self) -> str:
+        return (
+            f"monitor cycle: power-on re-sent for {self.powered_on} automations; "
+            f"lost workers: {self.settled[Settlement.FAILED]} failed, "
+            f"{self.settled[Settlement.REQUEUED]} requeued, "
+            f"{self.settled[Settlement.CANCELED]} canceled, "
+            f"{self.settled[Settlement.ALIVE]} alive after all, "
+            f"{self.settled['error']} errors; "
+            f"{self.machines_stopped} idle machines stopped; {self.errors} step errors"
+        )
+
+
+class Command(BaseCommand):
+    help = (
+        "Rescue stuck jobs: power machines on again for long-pending jobs, settle running "
+        "jobs whose worker was lost, stop idle ec2 machines."
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._stop = threading.Event()
+        self.cycles = 0
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true", help="run one cycle, then exit")
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=None,
+            help="seconds between cycles (default: MONITOR_INTERVAL_SECONDS, 30)",
+        )
+
+    @property
+    def shutdown(self) -> bool:
+        return self._stop.is_set()
+
+    # -- step methods (tested directly) --------------------------------------------------------
+
+    def power_on_for_pending(self) -> int:
+        """Step 1: one power-on per automation with a job pending too long."""
+        cutoff = timezone.now() - timedelta(seconds=settings.MONITOR_PENDING_SECONDS)
+        return len(jobs_resend_power_on(pending_before=cutoff))
+
+    def settle_lost_jobs(self) -> Counter:
+        """Step 2: each running job whose lease expired, in its own transaction."""
+        settled: Counter = Counter()
+        for job_id in jobs_with_expired_lease(now=timezone.now()):
+            if self.shutdown:
+                break
+            try:
+                settled[job_settle_lost(job_id=job_id)] += 1
+            except Exception:
+                # One job that cannot be settled must not keep the others (listed after
+                # it, every cycle) from being settled.
+                logger.exception("monitor could not settle job %s", job_id)
+                settled["error"] += 1
+        return settled
+
+    def stop_idle_machines(self) -> int:
+        """Step 3: the ec2 machines with no work, not seen for the idle time."""
+        return machines_stop_idle(
+            idle_for=timedelta(seconds=settings.MONITOR_EC2_IDLE_SECONDS),
+            busy_automation_ids=automation_ids_with_work(),
+        )
+
+    def run_cycle(self) -> CycleCounts:
+        counts = CycleCounts()
+        for step, keep in (
+            (self.power_on_for_pending, "powered_on"),
+            (self.settle_lost_jobs, "settled"),
+            (self.stop_idle_machines, "machines_stopped"),
+        ):
+            try:
+                setattr(counts, keep, step())
+            except Exception:
+                # The database or AWS away, or a bug: the other steps still run.
+                logger.exception("monitor step %s failed", step.__name__)
+                counts.errors += 1
+        self.cycles += 1
+        logger.info(counts.line())
+        return counts
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def handle(self, *args, once: bool = False, interval: float | None = None, **options) -> str:
+        interval = settings.MONITOR_INTERVAL_SECONDS if interval is None else interval
+        if interval <= 0:
+            raise CommandError("--interval must be a positive number of seconds")
+        logger.info(
+            "monitor starting: every %gs; pending after %ss; ec2 idle after %ss",
+            interval,
+            settings.MONITOR_PENDING_SECONDS,
+            settings.MONITOR_EC2_IDLE_SECONDS,
+        )
+        if once:
+            self.run_cycle()
+        else:
+            self.run_forever(interval)
+        return f"monitor stopped after {self.cycles} cycles"
+
+    def run_forever(self, interval: float) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        while not self.shutdown:
+            started = time.monotonic()
+            # A connection the database dropped (a restart, an idle timeout) or one past
+            # DB_CONN_MAX_AGE is replaced here, as a request would at its start.
+            close_old_connections()
+            self.run_cycle()
+            self.sleep_until(started + interval)
+
+    def sleep_until(self, deadline: float) -> None:
+        # In slices, so that a stop never waits a whole interval.
+        while not self.shutdown:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._stop.wait(min(remaining, SLEEP_SLICE))
+
+    def _on_signal(self, signum, frame) -> None:
+        self._stop.set()

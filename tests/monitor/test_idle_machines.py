@@ -1,0 +1,87 @@
+"""Step 3: ec2 machines idle for longer than the setting are stopped; busy ones are not."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import boto3
+import pytest
+from django.utils import timezone
+
+from automation.models import Worker
+from tests.job.factories import JobFactory, RunningJobFactory, WorkerFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def ec2(settings, moto_endpoint):
+    settings.EC2_ENDPOINT_URL = moto_endpoint
+    settings.MONITOR_EC2_IDLE_SECONDS = 15 * 60
+    return boto3.client("ec2", region_name=settings.AWS_REGION, endpoint_url=moto_endpoint)
+
+
+@pytest.fixture
+def stop_calls():
+    """The StopInstances requests boto3 really sends (clients made after this see it)."""
+    calls: list[dict] = []
+    session = boto3._get_default_session()
+    handler = lambda params, **_: calls.append(params["body"])  # noqa: E731
+    session.events.register("before-call.ec2.StopInstances", handler)
+    yield calls
+    session.events.unregister("before-call.ec2.StopInstances", handler)
+
+
+@pytest.fixture
+def machine(ec2):
+    """An ec2 worker whose instance runs, last seen ``minutes`` ago."""
+
+    def make(minutes: float) -> Worker:
+        image = ec2.describe_images()["Images"][0]["ImageId"]
+        instance = ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)["Instances"][0]
+        worker = WorkerFactory(provider="ec2", machine_id=instance["InstanceId"])
+        Worker.objects.filter(pk=worker.pk).update(
+            status=Worker.Status.ONLINE, last_seen_at=timezone.now() - timedelta(minutes=minutes)
+        )
+        return worker
+
+    return make
+
+
+def state_of(ec2, worker) -> str:
+    answer = ec2.describe_instances(InstanceIds=[worker.machine_id])
+    return answer["Reservations"][0]["Instances"][0]["State"]["Name"]
+
+
+def test_only_the_idle_machine_is_stopped(monitor, ec2, machine, stop_calls):
+    idle = machine(minutes=20)
+    recently_seen = machine(minutes=5)
+
+    assert monitor.stop_idle_machines() == 1
+
+    assert [call["InstanceId.1"] for call in stop_calls] == [idle.machine_id]
+    assert state_of(ec2, idle) in ("stopping", "stopped")
+    assert state_of(ec2, recently_seen) == "running"
+    idle.refresh_from_db()
+    recently_seen.refresh_from_db()
+    assert (idle.status, recently_seen.status) == ("offline", "online")
+
+
+def test_a_machine_whose_automation_has_work_is_not_stopped(monitor, ec2, machine, stop_calls):
+    waiting = machine(minutes=60)
+    JobFactory(automation=waiting.automation)
+    running = machine(minutes=60)
+    RunningJobFactory(automation=running.automation)
+
+    assert monitor.stop_idle_machines() == 0
+
+    assert stop_calls == []
+    assert (state_of(ec2, waiting), state_of(ec2, running)) == ("running", "running")
+
+
+def test_finished_jobs_do_not_keep_a_machine_up(monitor, ec2, machine, stop_calls):
+    idle = machine(minutes=60)
+    JobFactory(automation=idle.automation, status="succeeded")
+
+    assert monitor.stop_idle_machines() == 1
+    assert [call["InstanceId.1"] for call in stop_calls] == [idle.machine_id]
