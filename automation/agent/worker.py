@@ -157,6 +157,7 @@ class AutomationWorker:
                     token,
                     result={"exit_code": outcome.exit_code},
                     output_tail=outcome.output_tail,
+                    exit_code=outcome.exit_code,
                 )
                 self.stats.succeeded += 1
                 logger.info("job %s succeeded", job_id)

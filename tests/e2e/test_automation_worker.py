@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import textwrap
 
 import pytest
+from django.utils import timezone
 
 from job.models import Job
+from outbox.models import Event
 from tests.e2e.conftest import job_status, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -156,3 +159,33 @@ def pid_alive(pid: int) -> bool:
             return stat.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_worker_killed_mid_job_leads_the_monitor_to_fail_it_as_worker_lost(
+    system, catalog, api, settings, tmp_path
+):
+    settings.JOB_LEASE_SECONDS = 2
+    created = catalog("fragile", command=TRACED)
+    trace = tmp_path / "trace"
+    worker = system.automation_worker("fragile", created.credential, AGENT_POLL_INTERVAL="0.3")
+    job_id = trigger(api, created.automation.id, trace=str(trace), sleep=60)
+    wait_until(lambda: trace_lines(trace), timeout=60, describe=system.log_text)
+
+    # The machine dies: the worker and the command it ran, without a word.
+    worker.send_signal(signal.SIGKILL)
+    os.kill(trace_lines(trace)[0][3], signal.SIGKILL)
+    worker.wait(timeout=10)
+    assert job_status(job_id) == "running"
+    wait_until(
+        lambda: Job.objects.filter(pk=job_id, lease_expires_at__lt=timezone.now()).exists(),
+        timeout=30,
+        describe=lambda: "the lease never expired",
+    )
+
+    monitor = system.start("monitor", "watch_stuck_jobs", "--once")
+    assert monitor.wait(timeout=60) == 0, system.log_text()
+
+    job = Job.objects.get(pk=job_id)
+    assert (job.status, job.failure_reason) == ("failed", "worker_lost")
+    events = Event.objects.filter(aggregate_type="Job", aggregate_id=str(job_id), type="JobFailed")
+    assert events.count() == 1
