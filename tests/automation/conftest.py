@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.automation.factories import AutomationFactory
+from tests.factories import AutomationWithWorkerFactory
 from tests.sector.conftest import (  # noqa: F401 (fixtures shared with the sector tests)
     admin_api,
     admin_site,
@@ -17,4 +17,4 @@ from tests.sector.conftest import (  # noqa: F401 (fixtures shared with the sect
 @pytest.fixture
 def automation(request):
     """An active automation (with its worker) in the ``sector`` fixture."""
-    return AutomationFactory(sector=request.getfixturevalue("sector"))
+    return AutomationWithWorkerFactory(sector=request.getfixturevalue("sector"))

@@ -9,9 +9,8 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from automation.models import Automation, Worker
 from outbox.models import Event
-from tests.automation.factories import AutomationFactory
 from tests.automation.test_services import authenticate
-from tests.sector.factories import SectorFactory
+from tests.factories import AutomationWithWorkerFactory, SectorFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -50,7 +49,7 @@ def messages_of(response) -> list[str]:
 
 
 def test_the_changelist_loads_with_filters_and_search(admin_site, automation):
-    AutomationFactory(name="Route planner")
+    AutomationWithWorkerFactory(name="Route planner")
 
     response = admin_site.get(
         CHANGELIST, {"q": automation.name, "is_active__exact": "1", "worker__provider": "local"}

@@ -7,9 +7,8 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from automation.authentication import hash_credential
 from automation.models import Automation, Worker
-from tests.automation.factories import AutomationFactory
 from tests.automation.test_services import authenticate
-from tests.sector.factories import SectorFactory
+from tests.factories import AutomationWithWorkerFactory, SectorFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -128,7 +127,7 @@ def test_people_who_are_not_platform_admins_cannot_write(
 
 
 def test_people_read_active_automations_without_their_worker(person_api, automation):
-    retired = AutomationFactory(is_active=False)
+    retired = AutomationWithWorkerFactory(is_active=False)
 
     listed = person_api.get("/api/v1/automations").json()["results"]
 
@@ -140,9 +139,9 @@ def test_people_read_active_automations_without_their_worker(person_api, automat
 
 def test_platform_admins_filter_by_sector_active_and_search(admin_api):
     finance, logistics = SectorFactory(), SectorFactory()
-    a = AutomationFactory(name="Invoice export", sector=finance)
-    b = AutomationFactory(name="Route planner", sector=logistics, description="trucks")
-    c = AutomationFactory(name="Old invoices", sector=finance, is_active=False)
+    a = AutomationWithWorkerFactory(name="Invoice export", sector=finance)
+    b = AutomationWithWorkerFactory(name="Route planner", sector=logistics, description="trucks")
+    c = AutomationWithWorkerFactory(name="Old invoices", sector=finance, is_active=False)
 
     def ids(query: str) -> list[int]:
         response = admin_api.get(f"/api/v1/automations{query}")

@@ -20,8 +20,7 @@ from automation.services import (
 )
 from common.errors import Conflict, InvalidInput
 from outbox.models import Event, PlatformOutboxMessage, TaskRun
-from tests.automation.factories import AutomationFactory
-from tests.sector.factories import SectorFactory
+from tests.factories import AutomationWithWorkerFactory, SectorFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -92,7 +91,7 @@ def test_a_failure_while_creating_the_worker_leaves_no_automation_and_no_event(
     platform_admin,
 ):
     sector = SectorFactory()
-    existing = AutomationFactory(sector=sector)
+    existing = AutomationWithWorkerFactory(sector=sector)
     before = (Automation.objects.count(), Worker.objects.count())
 
     # A credential already in use: the worker insert breaks the unique index, for real.
@@ -148,7 +147,7 @@ def test_an_automation_cannot_be_filed_under_a_retired_sector(platform_admin):
 
 
 def test_a_slug_in_use_is_a_conflict(platform_admin, sector):
-    AutomationFactory(slug="invoice-export")
+    AutomationWithWorkerFactory(slug="invoice-export")
 
     with pytest.raises(Conflict) as refused:
         create(platform_admin, sector)

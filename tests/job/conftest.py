@@ -5,15 +5,8 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from tests.factories import UserFactory
-from tests.job.factories import AutomationFactory, WorkerFactory
+from tests.factories import AutomationFactory, UserFactory, WorkerFactory
 from tests.job.support import worker_client
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings):
-    # Factories create many people; the production hasher is slow on purpose.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

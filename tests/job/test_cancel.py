@@ -6,7 +6,7 @@ import pytest
 
 from job.models import Job
 from outbox.models import Event
-from tests.job.factories import JobFactory, RunningJobFactory
+from tests.factories import JobFactory, RunningJobFactory
 from tests.job.support import client_of, events_of
 
 pytestmark = pytest.mark.django_db

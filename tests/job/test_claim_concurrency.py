@@ -11,8 +11,7 @@ from django.db import connection
 
 from job.models import Job
 from outbox.models import Event
-from tests.factories import UserFactory
-from tests.job.factories import AutomationFactory, JobFactory, WorkerFactory
+from tests.factories import AutomationFactory, JobFactory, UserFactory, WorkerFactory
 from tests.job.support import worker_client
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]

@@ -10,8 +10,7 @@ from django.test import override_settings
 
 from job.models import Job
 from outbox.models import Event, OutboxMessage
-from tests.factories import UserFactory
-from tests.job.factories import AutomationFactory
+from tests.factories import AutomationFactory, UserFactory
 from tests.job.support import client_of, events_of, worker_client
 
 pytestmark = pytest.mark.django_db

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from tests.job.factories import AutomationFactory, JobFactory, RunningJobFactory
+from tests.factories import AutomationFactory, JobFactory, RunningJobFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from job.models import Job
 from job.services import job_cancel
 from outbox.models import Event
-from tests.job.factories import JobFactory, RunningJobFactory
+from tests.factories import JobFactory, RunningJobFactory
 from tests.job.support import client_of, events_of
 
 pytestmark = pytest.mark.django_db

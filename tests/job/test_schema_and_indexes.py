@@ -7,7 +7,7 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from job.models import Job
-from tests.job.factories import JobFactory
+from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ import pytest
 from common.errors import Conflict
 from job.models import Job
 from outbox.models import Event, OutboxMessage
-from tests.job.factories import JobFactory, RunningJobFactory
+from tests.factories import JobFactory, RunningJobFactory
 from tests.job.support import client_of, events_of
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

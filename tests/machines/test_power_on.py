@@ -9,7 +9,7 @@ from automation.authentication import hash_credential
 from automation.machines import PowerOn
 from automation.machines.services import machine_power_on
 from automation.models import Worker
-from tests.job.factories import AutomationFactory, WorkerFactory
+from tests.factories import AutomationFactory, WorkerFactory
 from tests.machines.conftest import wait_for
 
 pytestmark = pytest.mark.django_db

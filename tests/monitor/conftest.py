@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from job.management.commands.watch_stuck_jobs import Command
 from outbox.models import OutboxMessage, PlatformOutboxMessage
-from tests.job.factories import AutomationFactory, JobFactory, RunningJobFactory, WorkerFactory
+from tests.factories import AutomationFactory, JobFactory, RunningJobFactory, WorkerFactory
 from tests.job.support import worker_client
 
 

@@ -14,7 +14,7 @@ from django.conf import settings as django_settings
 from django.core.management import CommandError, call_command
 
 from job.models import Job
-from tests.job.factories import AutomationFactory
+from tests.factories import AutomationFactory
 from tests.job.support import events_of
 from tests.monitor.conftest import power_ons
 

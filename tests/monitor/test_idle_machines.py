@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from automation.models import Worker
-from tests.job.factories import JobFactory, RunningJobFactory, WorkerFactory
+from tests.factories import JobFactory, RunningJobFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
 

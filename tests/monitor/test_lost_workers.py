@@ -13,7 +13,7 @@ from django.utils import timezone
 from job.models import Job
 from job.services import Settlement, job_settle_lost
 from outbox.models import Event
-from tests.job.factories import AutomationFactory, RunningJobFactory
+from tests.factories import AutomationFactory, RunningJobFactory
 from tests.job.support import events_of
 from tests.monitor.conftest import tenant_power_ons
 

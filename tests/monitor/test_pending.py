@@ -8,7 +8,7 @@ from django.utils import timezone
 from job.models import Job
 from job.services import job_cancel
 from outbox.models import PlatformOutboxMessage
-from tests.job.factories import AutomationFactory
+from tests.factories import AutomationFactory
 from tests.monitor.conftest import power_ons
 
 pytestmark = pytest.mark.django_db

@@ -4,8 +4,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from outbox.models import Event
-from tests.factories import PlatformAdminFactory, UserFactory
-from tests.sector.factories import SectorFactory
+from tests.factories import PlatformAdminFactory, SectorFactory, UserFactory
 
 
 @pytest.fixture

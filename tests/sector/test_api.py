@@ -7,8 +7,7 @@ from rest_framework.test import APIClient
 
 from outbox.models import Event
 from sector.models import Sector
-from tests.automation.factories import AutomationFactory
-from tests.sector.factories import SectorFactory
+from tests.factories import AutomationFactory, SectorFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -13,8 +13,7 @@ from outbox.models import Event, PlatformOutboxMessage
 from sector.models import Sector
 from sector.selectors import sector_lock_for_use
 from sector.services import sector_create, sector_deactivate, sector_update
-from tests.automation.factories import AutomationFactory
-from tests.sector.factories import SectorFactory
+from tests.factories import AutomationFactory, SectorFactory
 
 pytestmark = pytest.mark.django_db
 
