@@ -144,6 +144,11 @@ class TaskRun(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # While ``running``: who holds the run and until when. A worker claims a run only if
+    # it is queued, retrying, or running under an expired lease; the holder's heartbeat
+    # extends it (see docs/worker.md).
+    lease_holder = models.TextField(blank=True, db_default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "task_runs"

@@ -3,17 +3,26 @@
 ``receive_count`` here is authoritative on both transports (a RabbitMQ message re-sent
 from the outbox is a new message to the broker, with its own delivery count).
 Each method is one short transaction; none is held while a handler runs.
+
+Only one worker runs a run at a time: starting it is an atomic claim that takes a lease
+(``lease_holder``, ``lease_expires_at``), which the holder's heartbeat extends. A copy of
+the message that finds the run held under a live lease is not run (see docs/worker.md).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import os
+import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from outbox.models import OutboxMessage, PlatformOutboxMessage, TaskRun
@@ -27,24 +36,69 @@ _REARM = """
     VALUES ({tenant_value}%(run_id)s, %(queue)s, %(envelope)s::jsonb,
             clock_timestamp() + %(delay)s * interval '1 second')
     ON CONFLICT (run_id) DO UPDATE
-       SET sent_at = NULL, available_at = EXCLUDED.available_at
+       SET sent_at = NULL, available_at = {available_at}
 """
+# A retry is due after its own backoff, whatever was planned before.
+_DUE_AT_DELAY = "EXCLUDED.available_at"
+# A copy given back while another worker holds the run must not push back a send that
+# is already planned sooner (the holder's retry, say).
+_DUE_AT_THE_EARLIER = """CASE WHEN {table}.sent_at IS NULL
+                THEN least({table}.available_at, EXCLUDED.available_at)
+                ELSE EXCLUDED.available_at END"""
 
 
-# One statement: the row lock it takes orders concurrent receives of the same run.
-_BEGIN = """
+# The claim, one statement and its own (autocommit) transaction: the run becomes
+# ``running`` under this holder's lease only if nobody holds it: it is ``queued`` or
+# ``retrying``, or ``running`` under a lease that expired (its holder died or lost touch).
+# Two claims of one run at the same moment queue on the row lock, and the second then
+# re-checks the row as the first left it (READ COMMITTED): exactly one of them wins.
+_CLAIM = """
     UPDATE task_runs
        SET receive_count = receive_count + 1, status = 'running',
            started_at = coalesce(started_at, clock_timestamp()), finished_at = NULL,
+           lease_holder = %(holder)s,
+           lease_expires_at = clock_timestamp() + %(lease)s * interval '1 second',
            updated_at = clock_timestamp()
-     WHERE run_id = %s AND status NOT IN ('succeeded', 'failed')
+     WHERE run_id = %(run_id)s
+       AND (status IN ('queued', 'retrying')
+            OR (status = 'running'
+                AND (lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())))
  RETURNING receive_count
 """
+
+# Why a claim found nothing to take.
+_LOOK = """
+    SELECT status, receive_count,
+           extract(epoch FROM lease_expires_at - clock_timestamp())::float8
+      FROM task_runs
+     WHERE run_id = %s
+"""
+
+# The heartbeat: one statement for every run this process holds.
+_EXTEND = """
+    UPDATE task_runs AS run
+       SET lease_expires_at = clock_timestamp() + held.seconds * interval '1 second'
+      FROM unnest(%s::uuid[], %s::text[], %s::float8[]) AS held(run_id, holder, seconds)
+     WHERE run.run_id = held.run_id AND run.lease_holder = held.holder
+       AND run.status = 'running'
+ RETURNING run.lease_holder
+"""
+
+_SUCCEEDED = """
+    UPDATE task_runs
+       SET status = 'succeeded', finished_at = clock_timestamp(),
+           updated_at = clock_timestamp(), lease_expires_at = NULL
+     WHERE run_id = %s AND status <> 'failed'
+"""
+
+# A claim that keeps losing to status changes (released, retried meanwhile) stops trying.
+CLAIM_ATTEMPTS = 3
 
 
 class Begin(enum.Enum):
     RUN = "run"
     SKIP = "skip"
+    BUSY = "busy"
 
 
 @dataclass(frozen=True)
@@ -52,69 +106,95 @@ class Started:
     decision: Begin
     receive_count: int
     status: str
+    # BUSY: seconds until the holder's lease ends, unless its heartbeat extends it.
+    lease_remaining: float = 0.0
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A run held by this process: extended every ``interval`` seconds by ``seconds``."""
+
+    run_id: str
+    holder: str
+    seconds: float
+    interval: float
+
+
+def new_holder() -> str:
+    """Who holds a run: this process, and which of its claims (one per delivery)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
 class RunLedger:
     """``task_runs`` transitions made by the worker."""
 
-    def begin(self, envelope: dict[str, Any]) -> Started:
-        """Count this receive and mark the run ``running``, unless it already finished
-        (a duplicate delivery: the caller acks and skips it)."""
+    def begin(self, envelope: dict[str, Any], *, holder: str, lease: float) -> Started:
+        """Claim the run for ``holder`` (counting this receive, marking it ``running``
+        under a lease of ``lease`` seconds), unless it finished (SKIP: a duplicate, ack
+        it) or someone else holds it under a live lease (BUSY: give it back for later)."""
         run_id = uuid.UUID(str(envelope["run_id"]))
-        with transaction.atomic(), connection.cursor() as cursor:
-            # Not waiting for this commit to reach the disk halves the cost of a task's
-            # bookkeeping. A database crash could lose the mark: the receive goes
-            # uncounted (the broker's own limit of 7 still bounds it), nothing else.
-            cursor.execute("SET LOCAL synchronous_commit = off")
-            cursor.execute(_BEGIN, [run_id])
-            row = cursor.fetchone()
-            if row is None:
-                run = TaskRun.objects.filter(run_id=run_id).first()
-                if run is not None:
-                    return Started(Begin.SKIP, run.receive_count, run.status)
-                # Written by dispatch with the outbox row; a message without one (sent by
-                # hand, say) still gets its record.
-                TaskRun.objects.bulk_create(
-                    [
-                        TaskRun(
-                            run_id=run_id,
-                            task=str(envelope.get("task", "")),
-                            queue=str(envelope.get("queue", "default")),
-                            event=envelope.get("event") or "",
-                            tenant_id=envelope.get("tenant"),
-                            correlation_id=envelope.get("correlation_id") or "",
-                        )
-                    ],
-                    ignore_conflicts=True,
-                )
-                cursor.execute(_BEGIN, [run_id])
+        params = {"run_id": run_id, "holder": holder, "lease": float(lease)}
+        with connection.cursor() as cursor:
+            for _ in range(CLAIM_ATTEMPTS):
+                # Autocommit: the claim is committed (durably) before the handler starts.
+                cursor.execute(_CLAIM, params)
                 row = cursor.fetchone()
-                if row is None:
-                    return Started(Begin.SKIP, 0, TaskRun.Status.SUCCEEDED)
-        return Started(Begin.RUN, row[0], TaskRun.Status.RUNNING)
+                if row is not None:
+                    return Started(Begin.RUN, row[0], TaskRun.Status.RUNNING)
+                cursor.execute(_LOOK, [run_id])
+                found = cursor.fetchone()
+                if found is None:
+                    _record_unknown_run(run_id, envelope)
+                    continue
+                status, receive_count, remaining = found
+                if status in (TaskRun.Status.SUCCEEDED, TaskRun.Status.FAILED):
+                    return Started(Begin.SKIP, receive_count, status)
+                if status == TaskRun.Status.RUNNING and remaining is not None and remaining > 0:
+                    return Started(Begin.BUSY, receive_count, status, lease_remaining=remaining)
+                # Released or retried between the two statements: claim again.
+        return Started(Begin.BUSY, 0, TaskRun.Status.RUNNING, lease_remaining=1.0)
+
+    def extend(self, leases: Sequence[Lease]) -> set[str]:
+        """Heartbeat: push the leases this process holds forward; returns the holders
+        whose lease it extended (one lost to another worker after it expired, or of a
+        run that finished meanwhile, is left alone)."""
+        if not leases:
+            return set()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _EXTEND,
+                [
+                    [uuid.UUID(lease.run_id) for lease in leases],
+                    [lease.holder for lease in leases],
+                    [float(lease.seconds) for lease in leases],
+                ],
+            )
+            return {holder for (holder,) in cursor.fetchall()}
 
     def succeeded(self, run_id: str) -> None:
-        TaskRun.objects.filter(run_id=run_id).exclude(status=TaskRun.Status.FAILED).update(
-            status=TaskRun.Status.SUCCEEDED,
-            finished_at=timezone.now(),
-            updated_at=timezone.now(),
-        )
+        with connection.cursor() as cursor:
+            cursor.execute(_SUCCEEDED, [uuid.UUID(str(run_id))])
 
     def retrying(
         self,
         envelope: dict[str, Any],
         *,
+        holder: str,
         error: str,
         delay: float,
         rearm: bool,
     ) -> None:
-        """Mark the run ``retrying``; with ``rearm``, also schedule its message again
-        through its outbox row, due after ``delay`` (in the same transaction)."""
+        """Mark the run ``retrying`` (if ``holder`` still holds it); with ``rearm``, also
+        schedule its message again through its outbox row, due after ``delay`` (in the
+        same transaction)."""
         run_id = str(envelope["run_id"])
         with transaction.atomic():
-            TaskRun.objects.filter(run_id=run_id, status=TaskRun.Status.RUNNING).update(
+            TaskRun.objects.filter(
+                run_id=run_id, status=TaskRun.Status.RUNNING, lease_holder=holder
+            ).update(
                 status=TaskRun.Status.RETRYING,
                 last_error=f"{error} (retry in {delay:.2f} s)",
+                lease_expires_at=None,
                 updated_at=timezone.now(),
             )
             if rearm:
@@ -127,6 +207,7 @@ class RunLedger:
             TaskRun.objects.filter(run_id=run_id).update(
                 status=TaskRun.Status.FAILED,
                 last_error=f"{failure.error_type}: {failure.message}",
+                lease_expires_at=None,
                 finished_at=timezone.now(),
                 updated_at=timezone.now(),
             )
@@ -145,21 +226,26 @@ class RunLedger:
                 actor=f"task:{envelope.get('task')}",
             )
 
-    def requeued(self, run_id: str) -> None:
-        """A shutdown gave the message back before its task finished."""
-        TaskRun.objects.filter(run_id=run_id, status=TaskRun.Status.RUNNING).update(
-            status=TaskRun.Status.QUEUED, updated_at=timezone.now()
-        )
+    def requeued(self, run_id: str, *, holder: str) -> None:
+        """A shutdown gave the message back before its task finished: the run is free
+        for the next receive at once."""
+        TaskRun.objects.filter(
+            run_id=run_id, status=TaskRun.Status.RUNNING, lease_holder=holder
+        ).update(status=TaskRun.Status.QUEUED, lease_expires_at=None, updated_at=timezone.now())
 
 
-def rearm_outbox_row(envelope: dict[str, Any], *, delay: float) -> None:
+def rearm_outbox_row(envelope: dict[str, Any], *, delay: float, keep_earlier: bool = False) -> None:
+    """Have the relay send the message again after ``delay`` seconds (or sooner, with
+    ``keep_earlier``, if a send is already planned sooner)."""
     tenant_id = envelope.get("tenant")
     model = OutboxMessage if tenant_id is not None else PlatformOutboxMessage
     tenant = tenant_id is not None
+    table = model._meta.db_table
     sql = _REARM.format(
-        table=model._meta.db_table,
+        table=table,
         tenant_column="tenant_id, " if tenant else "",
         tenant_value="%(tenant)s, " if tenant else "",
+        available_at=(_DUE_AT_THE_EARLIER if keep_earlier else _DUE_AT_DELAY).format(table=table),
     )
     with connection.cursor() as cursor:
         cursor.execute(
@@ -175,12 +261,39 @@ def rearm_outbox_row(envelope: dict[str, Any], *, delay: float) -> None:
 
 
 def requeue_failed_run(run_id: str) -> bool:
-    """A dead-lettered message is sent back by an operator: a fresh start for its run."""
+    """A dead-lettered message is sent back by an operator: a fresh start for its run.
+
+    Not for a run that succeeded (the message is then a duplicate: the worker skips it)
+    nor one a worker holds under a live lease (it would run twice); both stay as they are.
+    """
+    held = Q(status=TaskRun.Status.RUNNING, lease_expires_at__gt=Now())
     return bool(
-        TaskRun.objects.filter(run_id=run_id).update(
+        TaskRun.objects.filter(run_id=run_id)
+        .exclude(status=TaskRun.Status.SUCCEEDED)
+        .exclude(held)
+        .update(
             status=TaskRun.Status.QUEUED,
             receive_count=0,
             finished_at=None,
+            lease_expires_at=None,
             updated_at=timezone.now(),
         )
+    )
+
+
+def _record_unknown_run(run_id: uuid.UUID, envelope: dict[str, Any]) -> None:
+    """Written by dispatch with the outbox row; a message without one (sent by hand, say)
+    still gets its record, ``queued``, for the claim that follows."""
+    TaskRun.objects.bulk_create(
+        [
+            TaskRun(
+                run_id=run_id,
+                task=str(envelope.get("task", "")),
+                queue=str(envelope.get("queue", "default")),
+                event=envelope.get("event") or "",
+                tenant_id=envelope.get("tenant"),
+                correlation_id=envelope.get("correlation_id") or "",
+            )
+        ],
+        ignore_conflicts=True,
     )

@@ -24,6 +24,7 @@ a worker that has none (an automation's own worker) runs on the same layer.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
@@ -134,6 +135,29 @@ class FailureContext:
 
 def _utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def visibility_timeout(destination: str) -> int:
+    """Seconds a message being worked on is kept from everyone else: the design's table
+    (by queue class), unless ``WORKER_VISIBILITY_TIMEOUT`` overrides it. SQS hides a
+    received message that long; the task runtime's run lease has the same length on
+    both transports."""
+    from django.conf import settings
+
+    from relay import topology
+
+    override = settings.WORKER_VISIBILITY_TIMEOUT
+    if override:
+        return max(1, math.ceil(override))
+    return topology.VISIBILITY_TIMEOUT[topology.queue_class(destination)]
+
+
+def heartbeat_interval(destination: str) -> float:
+    """Seconds between two extensions of what ``visibility_timeout`` grants: a third of
+    it, unless ``WORKER_HEARTBEAT_INTERVAL`` says otherwise."""
+    from django.conf import settings
+
+    return settings.WORKER_HEARTBEAT_INTERVAL or visibility_timeout(destination) / 3
 
 
 class Consumer(ABC):

@@ -33,6 +33,8 @@ from relay.transports.consume import (
     DeadLetterBox,
     Delivery,
     FailureContext,
+    heartbeat_interval,
+    visibility_timeout,
 )
 from relay.transports.sqs import MAX_BATCH_BYTES, SQSTransport, sqs_client
 
@@ -43,14 +45,6 @@ MAX_RECEIVE = 10
 MAX_VISIBILITY = 12 * 3600
 # After a failed receive, the poller waits this long before the next one.
 POLL_ERROR_BACKOFF = 2.0
-
-
-def visibility_timeout(destination: str) -> int:
-    """Seconds a received message stays invisible: the design's table, unless overridden."""
-    override = settings.WORKER_VISIBILITY_TIMEOUT
-    if override:
-        return max(1, math.ceil(override))
-    return topology.VISIBILITY_TIMEOUT[topology.queue_class(destination)]
 
 
 class SQSConsumer(Consumer):
@@ -228,8 +222,7 @@ class SQSConsumer(Consumer):
         self._set_visibility(delivery, visibility_timeout(delivery.destination))
 
     def heartbeat_interval(self, delivery: Delivery) -> float | None:
-        configured = settings.WORKER_HEARTBEAT_INTERVAL
-        return configured or visibility_timeout(delivery.destination) / 3
+        return heartbeat_interval(delivery.destination)
 
 
 def _attributes_size(attributes: dict[str, dict[str, str]]) -> int:

@@ -22,7 +22,7 @@ import redis
 from django.conf import settings as django_settings
 from django.db import connection, transaction
 
-from outbox.models import QUEUES, TaskRun
+from outbox.models import QUEUES, PlatformOutboxMessage, TaskRun
 from outbox.runtime.loop import Worker
 from outbox.runtime.processor import TaskProcessor
 from outbox.services import dispatch
@@ -177,6 +177,53 @@ def start_worker(broker):
     for worker in started:
         worker.stop()
         assert worker.error is None, worker.error
+
+
+@pytest.fixture
+def start_workers(broker):
+    """Several workers (as separate processes would be: a connection each), started at
+    the same moment."""
+    started: list[WorkerThread] = []
+
+    def start(count: int, **kwargs) -> list[WorkerThread]:
+        workers = [WorkerThread(**kwargs) for _ in range(count)]
+        started.extend(workers)
+        for worker in workers:
+            worker._thread.start()
+        for worker in workers:
+            assert worker.worker.wait_until_ready(15), "a worker never became ready"
+        return workers
+
+    yield start
+    for worker in started:
+        worker.stop()
+        assert worker.error is None, worker.error
+
+
+def outcomes(workers, name: str) -> int:
+    """How many deliveries the workers settled with this outcome (``busy``, ...)."""
+    return sum(worker.processor.outcomes[name] for worker in workers)
+
+
+def go_ahead(run_id: str) -> None:
+    """Let a task waiting for the test's go-ahead finish."""
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    try:
+        client.set(test_tasks.go_ahead_key(run_id), "1", ex=3600)
+    finally:
+        client.close()
+
+
+def send_again(run_id: str, *, wait: bool = True) -> None:
+    """The relay sends the same outbox row again (as after a crash between its send and
+    its commit): a second copy of the message, a new message to the broker. ``wait``:
+    until it is sent (not for a copy a worker may turn away at once, re-arming the row)."""
+    PlatformOutboxMessage.objects.filter(run_id=run_id).update(sent_at=None)
+    if wait:
+        wait_for(
+            lambda: PlatformOutboxMessage.objects.get(run_id=run_id).sent_at is not None,
+            what="the copy to be sent",
+        )
 
 
 def dispatch_work(**payload) -> str:

@@ -1,7 +1,8 @@
 """Test-only task handlers (catalogued in the tests' own tasks catalog, never tasks.json).
 
 ``test.work`` records each execution in Redis (by run_id) and then does what its payload
-says: sleep, fail transiently until a given receive, or fail permanently.
+says: sleep, wait for the test's go-ahead, fail transiently until a given receive, or fail
+permanently.
 """
 
 from __future__ import annotations
@@ -21,6 +22,24 @@ class TransientProblem(Exception):
 
 def executions_key(run_id) -> str:
     return f"{settings.REDIS_KEY_PREFIX}:worker-test:executions:{run_id}"
+
+
+def go_ahead_key(run_id) -> str:
+    return f"{settings.REDIS_KEY_PREFIX}:worker-test:go-ahead:{run_id}"
+
+
+def wait_for_go_ahead(message: TaskMessage, timeout: float = 20.0) -> None:
+    """Hold the run until the test says so (a key in Redis), so that what the test does
+    meanwhile surely happens while the task runs."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        deadline = time.monotonic() + timeout
+        while not client.exists(go_ahead_key(message.run_id)):
+            if time.monotonic() > deadline:
+                raise TransientProblem("no go-ahead came")
+            time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def record_execution(message: TaskMessage) -> None:
@@ -43,5 +62,7 @@ def work(message: TaskMessage) -> None:
         time.sleep(payload["sleep_on_first"])
     if payload.get("sleep"):
         time.sleep(payload["sleep"])
+    if payload.get("wait_for_go_ahead"):
+        wait_for_go_ahead(message)
     if message.receive_count < payload.get("succeed_on", 1):
         raise TransientProblem(f"not yet (receive {message.receive_count})")
