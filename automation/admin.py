@@ -23,8 +23,8 @@ from automation.services import (
     worker_rotate_credential,
 )
 from automation.validation import automation_errors, machine_errors
+from common.admin import DeactivatableAdmin, adopt
 from common.errors import DomainError
-from sector.admin import adopt
 from sector.selectors import sector_list
 
 MACHINE_FIELDS = ("provider", "machine_id", "region")
@@ -109,7 +109,7 @@ class WorkerInline(admin.StackedInline):
 
 
 @admin.register(Automation)
-class AutomationAdmin(admin.ModelAdmin):
+class AutomationAdmin(DeactivatableAdmin, admin.ModelAdmin):
     form = AutomationAdminForm
     inlines = (WorkerInline,)
     list_display = (
@@ -144,16 +144,6 @@ class AutomationAdmin(admin.ModelAdmin):
     @admin.display(description="worker", ordering="worker__status")
     def worker_status(self, automation: Automation) -> str:
         return automation.worker.status
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        # Automations are deactivated, never deleted.
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        # A retired automation is read-only, as in the API.
-        if obj is not None and not obj.is_active:
-            return False
-        return super().has_change_permission(request, obj)
 
     def save_model(self, request, obj: Automation, form, change: bool) -> None:
         """Deferred to ``save_related``, which also sees the worker's inline form."""
@@ -204,17 +194,14 @@ class AutomationAdmin(admin.ModelAdmin):
 
     @admin.action(description="Deactivate selected automations", permissions=["change"])
     def deactivate_selected(self, request, queryset) -> None:
-        done = 0
-        for automation in queryset:
-            try:
-                automation_deactivate(automation_id=automation.pk, actor=request.user)
-                done += 1
-            except DomainError as refusal:
-                self.message_user(request, f"{automation}: {refusal.message}", messages.ERROR)
-        if done:
-            self.message_user(
-                request, f"Deactivated {done} automation(s) and their workers.", messages.SUCCESS
-            )
+        self.deactivate_each(
+            request,
+            queryset,
+            lambda automation: automation_deactivate(
+                automation_id=automation.pk, actor=request.user
+            ),
+            done_message="Deactivated {count} automation(s) and their workers.",
+        )
 
     @admin.action(description="Rotate worker credential", permissions=["change"])
     def rotate_worker_credential(self, request, queryset) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
-from rest_framework import exceptions, generics, serializers, status
+from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -28,8 +28,9 @@ from automation.services import (
     worker_rotate_credential,
     worker_seen,
 )
+from common.api import NeverDeleted, validated
 from common.errors import NotFound
-from identity.permissions import IsPerson, IsPlatformAdmin
+from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
 CREDENTIAL_HELP = "The worker's credential. Shown this once: only its hash is kept."
 
@@ -179,25 +180,12 @@ class AutomationFilterSerializer(serializers.Serializer):
     search = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
 
 
-def is_platform_admin(request) -> bool:
-    return IsPlatformAdmin().has_permission(request, None)
-
-
 def represent(request, automation: Automation) -> dict[str, Any]:
     context = {"with_worker": is_platform_admin(request)}
     return AutomationSerializer(automation, context=context).data
 
 
-class ReadOrAdminWrite:
-    """Reads for any person, writes for platform admins."""
-
-    def get_permissions(self):
-        if self.request.method in ("GET", "HEAD", "OPTIONS"):
-            return [IsPerson()]
-        return [IsPlatformAdmin()]
-
-
-class AutomationListCreateApi(ReadOrAdminWrite, generics.ListAPIView):
+class AutomationListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView):
     serializer_class = AutomationSerializer
 
     def get_queryset(self) -> QuerySet[Automation]:
@@ -227,7 +215,7 @@ class AutomationListCreateApi(ReadOrAdminWrite, generics.ListAPIView):
         responses={201: AutomationCreatedSerializer},
     )
     def post(self, request):
-        data = _validated(AutomationCreateSerializer, request)
+        data = validated(AutomationCreateSerializer, request.data)
         machine = data.pop("worker", None) or {}
         created = automation_create(
             actor=request.user, sector_id=data.pop("sector"), **data, **machine
@@ -238,7 +226,12 @@ class AutomationListCreateApi(ReadOrAdminWrite, generics.ListAPIView):
         return Response(body, status=status.HTTP_201_CREATED)
 
 
-class AutomationDetailApi(ReadOrAdminWrite, APIView):
+class AutomationDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
+    delete_hint = (
+        "Automations are never deleted: "
+        "POST /api/v1/automations/{automation_id}/deactivate instead."
+    )
+
     @extend_schema(operation_id="automations_read", responses={200: AutomationSerializer})
     def get(self, request, automation_id: int):
         automation = automation_get_with_worker(automation_id)
@@ -252,7 +245,7 @@ class AutomationDetailApi(ReadOrAdminWrite, APIView):
         responses={200: AutomationSerializer},
     )
     def patch(self, request, automation_id: int):
-        data = _validated(AutomationUpdateSerializer, request)
+        data = validated(AutomationUpdateSerializer, request.data)
         machine = data.pop("worker", None)
         if "sector" in data:
             data["sector_id"] = data.pop("sector")
@@ -267,13 +260,7 @@ class AutomationDetailApi(ReadOrAdminWrite, APIView):
         responses={405: OpenApiResponse(description="Always: automations are deactivated.")},
     )
     def delete(self, request, automation_id: int):
-        raise exceptions.MethodNotAllowed(
-            "DELETE",
-            detail=(
-                "Automations are never deleted; "
-                f"POST /api/v1/automations/{automation_id}/deactivate."
-            ),
-        )
+        self.refuse_delete(automation_id=automation_id)
 
 
 class AutomationDeactivateApi(APIView):
@@ -309,12 +296,6 @@ class WorkerRotateCredentialApi(APIView):
             rotated.worker, context={"credential": rotated.credential}
         ).data
         return Response(body)
-
-
-def _validated(serializer_class, request) -> dict[str, Any]:
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
 
 
 class WorkerAutomationSerializer(serializers.ModelSerializer):

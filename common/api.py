@@ -1,4 +1,5 @@
-"""API plumbing shared by every module: the one error format and pagination.
+"""API plumbing shared by every module: the one error format, pagination, input validation
+and the refusal of ``DELETE``.
 
 Every failure leaves the API as::
 
@@ -11,12 +12,12 @@ Every failure leaves the API as::
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import CursorPagination, LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -127,3 +128,29 @@ class NewestFirstCursorPagination(CursorPagination):
             return super().decode_cursor(request)
         except exceptions.NotFound:
             raise InvalidInput("The cursor is invalid.", code="invalid_cursor") from None
+
+
+def validated(serializer_class: type[serializers.Serializer], data) -> dict[str, Any]:
+    """``data`` checked by ``serializer_class``: its validated data, or a 400 ``invalid``."""
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+class NeverDeleted:
+    """``DELETE`` answers 405 with a pointer to the way out that exists: deactivation."""
+
+    # The docstring is the operations' description in the schema of views without one of
+    # their own: it speaks to the API's readers. For the code's readers: ``delete_hint`` is
+    # formatted with the URL's arguments, so it can name the very row
+    # ("... POST /api/v1/sectors/{sector_id}/deactivate instead."); a view that documents its
+    # DELETE in the schema defines ``delete`` and calls ``refuse_delete`` from it.
+    delete_hint = "Nothing is deleted here; deactivate it instead."
+
+    def refuse_delete(self, **url_kwargs: Any) -> NoReturn:
+        raise exceptions.MethodNotAllowed("DELETE", detail=self.delete_hint.format(**url_kwargs))
+
+    def http_method_not_allowed(self, request, *args, **kwargs):
+        if request.method == "DELETE":
+            self.refuse_delete(**kwargs)
+        return super().http_method_not_allowed(request, *args, **kwargs)

@@ -9,49 +9,24 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from common.errors import DomainError
+from common.admin import DeactivatableAdmin, NeverDeletedAdmin
 from identity import services
 from identity.models import RefreshToken, Tenant, User
 
 
-class NoDelete:
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
-
-
-def _deactivate_each(modeladmin, request, queryset, deactivate) -> None:
-    done = 0
-    for obj in queryset:
-        try:
-            deactivate(obj)
-        except DomainError as exc:
-            modeladmin.message_user(request, f"{obj}: {exc.message}", messages.WARNING)
-        else:
-            done += 1
-    if done:
-        modeladmin.message_user(request, f"{done} deactivated.", messages.SUCCESS)
-
-
 @admin.register(Tenant)
-class TenantAdmin(NoDelete, admin.ModelAdmin):
+class TenantAdmin(DeactivatableAdmin, admin.ModelAdmin):
     list_display = ("name", "slug", "is_active", "created_at", "deactivated_at")
     list_filter = ("is_active",)
     search_fields = ("name", "slug")
     readonly_fields = ("is_active", "created_at", "updated_at", "deactivated_at")
     actions = ("deactivate",)
+    # A refusal here (already deactivated) leaves things as they were: a warning.
+    refusal_level = messages.WARNING
 
     def get_readonly_fields(self, request, obj=None):
         # The slug names the tenant in URLs and messages: fixed once created.
         return (*self.readonly_fields, "slug") if obj else self.readonly_fields
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        # A deactivated tenant is kept as it was: shown, not edited.
-        return super().has_change_permission(request, obj) and (obj is None or obj.is_active)
 
     def save_model(self, request, obj, form, change) -> None:
         if change:
@@ -62,16 +37,16 @@ class TenantAdmin(NoDelete, admin.ModelAdmin):
 
     @admin.action(description="Deactivate the selected tenants")
     def deactivate(self, request, queryset) -> None:
-        _deactivate_each(
-            self,
+        self.deactivate_each(
             request,
             queryset,
             lambda tenant: services.tenant_deactivate(tenant=tenant, actor=request.user),
+            done_message="{count} deactivated.",
         )
 
 
 @admin.register(User)
-class UserAdmin(NoDelete, admin.ModelAdmin):
+class UserAdmin(DeactivatableAdmin, admin.ModelAdmin):
     """Users are registered through the API (password rules, the UserRegistered event)."""
 
     list_display = ("email", "full_name", "tenant", "role", "is_active", "is_staff", "last_login")
@@ -99,28 +74,27 @@ class UserAdmin(NoDelete, admin.ModelAdmin):
         "deactivated_at",
     )
     actions = ("deactivate",)
+    # A refusal here (already deactivated, or oneself) leaves things as they were: a warning.
+    refusal_level = messages.WARNING
 
     def has_add_permission(self, request) -> bool:
         return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return super().has_change_permission(request, obj) and (obj is None or obj.is_active)
 
     def save_model(self, request, obj, form, change) -> None:
         services.user_update(user=obj, full_name=obj.full_name, role=obj.role, actor=request.user)
 
     @admin.action(description="Deactivate the selected users")
     def deactivate(self, request, queryset) -> None:
-        _deactivate_each(
-            self,
+        self.deactivate_each(
             request,
             queryset,
             lambda user: services.user_deactivate(user=user, actor=request.user),
+            done_message="{count} deactivated.",
         )
 
 
 @admin.register(RefreshToken)
-class RefreshTokenAdmin(NoDelete, admin.ModelAdmin):
+class RefreshTokenAdmin(NeverDeletedAdmin, admin.ModelAdmin):
     """Read-only: who holds sessions, and why they ended. Never the token itself."""
 
     list_display = ("id", "user", "family", "created_at", "expires_at", "used_at", "revoked_at")

@@ -7,7 +7,7 @@ existence); these classes only say which kind of caller an operation is for.
 
 from __future__ import annotations
 
-from rest_framework.permissions import BasePermission
+from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 
 def is_person(user) -> bool:
@@ -49,3 +49,20 @@ class IsPerson(BasePermission):
 
     def has_permission(self, request, view) -> bool:
         return is_person(request.user)
+
+
+def is_platform_admin(request) -> bool:
+    """Whether the caller is a platform admin, for views that show them more than others."""
+    return IsPlatformAdmin().has_permission(request, None)
+
+
+class ReadForPeopleWriteForAdmins:
+    """Reads for any person, writes for platform admins."""
+
+    # A view mixin (the catalog's views). Its docstring is the operations' description in
+    # the schema of views without one of their own: it speaks to the API's readers.
+
+    def get_permissions(self):
+        if self.request.method in SAFE_METHODS:
+            return [IsPerson()]
+        return [IsPlatformAdmin()]

@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin, messages
-from django.db.models import Model
+from django.contrib import admin
 
-from common.errors import DomainError
+from common.admin import DeactivatableAdmin, adopt
 from sector.models import Sector
 from sector.selectors import sector_name_in_use
 from sector.services import sector_create, sector_deactivate, sector_update
-
-
-def adopt(target: Model, saved: Model) -> None:
-    """Make the admin's in-memory object the row the service saved (the admin logs it next)."""
-    for field in type(saved)._meta.concrete_fields:
-        setattr(target, field.attname, getattr(saved, field.attname))
-    target._state.adding = False
-    target._state.db = saved._state.db
 
 
 class SectorAdminForm(forms.ModelForm):
@@ -34,7 +25,7 @@ class SectorAdminForm(forms.ModelForm):
 
 
 @admin.register(Sector)
-class SectorAdmin(admin.ModelAdmin):
+class SectorAdmin(DeactivatableAdmin, admin.ModelAdmin):
     form = SectorAdminForm
     list_display = ("name", "slug", "is_active", "created_at", "deactivated_at")
     list_filter = ("is_active",)
@@ -43,16 +34,6 @@ class SectorAdmin(admin.ModelAdmin):
     fields = ("name", "slug", "description", "is_active", "created_at", "updated_at")
     readonly_fields = ("is_active", "created_at", "updated_at", "deactivated_at")
     actions = ("deactivate_selected",)
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        # Sectors are deactivated, never deleted.
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        # A retired sector is read-only, as in the API.
-        if obj is not None and not obj.is_active:
-            return False
-        return super().has_change_permission(request, obj)
 
     def save_model(self, request, obj: Sector, form, change: bool) -> None:
         # The admin already runs this inside one transaction (changeform_view).
@@ -67,12 +48,9 @@ class SectorAdmin(admin.ModelAdmin):
 
     @admin.action(description="Deactivate selected sectors", permissions=["change"])
     def deactivate_selected(self, request, queryset) -> None:
-        done = 0
-        for sector in queryset:
-            try:
-                sector_deactivate(sector_id=sector.pk, actor=request.user)
-                done += 1
-            except DomainError as refusal:
-                self.message_user(request, f"{sector}: {refusal.message}", messages.ERROR)
-        if done:
-            self.message_user(request, f"Deactivated {done} sector(s).", messages.SUCCESS)
+        self.deactivate_each(
+            request,
+            queryset,
+            lambda sector: sector_deactivate(sector_id=sector.pk, actor=request.user),
+            done_message="Deactivated {count} sector(s).",
+        )

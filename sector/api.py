@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import exceptions, generics, serializers, status
+from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.api import NeverDeleted, validated
 from common.errors import NotFound
-from identity.permissions import IsPerson, IsPlatformAdmin
+from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 from sector.models import Sector
 from sector.selectors import sector_get, sector_list
 from sector.services import sector_create, sector_deactivate, sector_update
@@ -63,10 +64,6 @@ class SectorFilterSerializer(serializers.Serializer):
     search = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
 
 
-def is_platform_admin(request) -> bool:
-    return IsPlatformAdmin().has_permission(request, None)
-
-
 def readable_sector(request, sector_id: int) -> Sector:
     """The sector as this caller may see it: retired sectors exist for platform admins only."""
     sector = sector_get(sector_id, active_only=not is_platform_admin(request))
@@ -75,16 +72,7 @@ def readable_sector(request, sector_id: int) -> Sector:
     return sector
 
 
-class ReadOrAdminWrite:
-    """Reads for any person, writes for platform admins."""
-
-    def get_permissions(self):
-        if self.request.method in ("GET", "HEAD", "OPTIONS"):
-            return [IsPerson()]
-        return [IsPlatformAdmin()]
-
-
-class SectorListCreateApi(ReadOrAdminWrite, generics.ListAPIView):
+class SectorListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView):
     serializer_class = SectorSerializer
 
     def get_queryset(self) -> QuerySet[Sector]:
@@ -107,12 +95,14 @@ class SectorListCreateApi(ReadOrAdminWrite, generics.ListAPIView):
         responses={201: SectorSerializer},
     )
     def post(self, request):
-        data = _validated(SectorCreateSerializer, request)
+        data = validated(SectorCreateSerializer, request.data)
         sector = sector_create(actor=request.user, **data)
         return Response(SectorSerializer(sector).data, status=status.HTTP_201_CREATED)
 
 
-class SectorDetailApi(ReadOrAdminWrite, APIView):
+class SectorDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
+    delete_hint = "Sectors are never deleted: POST /api/v1/sectors/{sector_id}/deactivate instead."
+
     @extend_schema(operation_id="sectors_read", responses={200: SectorSerializer})
     def get(self, request, sector_id: int):
         return Response(SectorSerializer(readable_sector(request, sector_id)).data)
@@ -123,7 +113,7 @@ class SectorDetailApi(ReadOrAdminWrite, APIView):
         responses={200: SectorSerializer},
     )
     def patch(self, request, sector_id: int):
-        data = _validated(SectorUpdateSerializer, request)
+        data = validated(SectorUpdateSerializer, request.data)
         sector = sector_update(sector_id=sector_id, data=data, actor=request.user)
         return Response(SectorSerializer(sector).data)
 
@@ -133,10 +123,7 @@ class SectorDetailApi(ReadOrAdminWrite, APIView):
         responses={405: OpenApiResponse(description="Always: sectors are deactivated instead.")},
     )
     def delete(self, request, sector_id: int):
-        raise exceptions.MethodNotAllowed(
-            "DELETE",
-            detail=f"Sectors are never deleted; POST /api/v1/sectors/{sector_id}/deactivate.",
-        )
+        self.refuse_delete(sector_id=sector_id)
 
 
 class SectorDeactivateApi(APIView):
@@ -153,9 +140,3 @@ class SectorDeactivateApi(APIView):
     def post(self, request, sector_id: int):
         sector = sector_deactivate(sector_id=sector_id, actor=request.user)
         return Response(SectorSerializer(sector).data)
-
-
-def _validated(serializer_class, request) -> dict:
-    serializer = serializer_class(data=request.data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)

@@ -9,9 +9,9 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.api import validated
 from common.schema import ErrorSerializer
 from identity import services
-from identity.api.common import validated
 from identity.api.serializers import (
     LoginSerializer,
     MeSerializer,

@@ -7,9 +7,10 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.api import DefaultPagination, NeverDeleted, validated
 from common.schema import ErrorSerializer
 from identity import selectors, services
-from identity.api.common import NeverDeleted, paginated, query, validated
+from identity.api.common import paginated, query
 from identity.api.serializers import (
     TenantCreateSerializer,
     TenantListQuerySerializer,
@@ -25,6 +26,7 @@ CONFLICT = OpenApiResponse(ErrorSerializer, description="The tenant is deactivat
 
 class TenantCollectionApi(NeverDeleted, APIView):
     permission_classes = [IsPlatformAdmin]
+    pagination_class = DefaultPagination
 
     @extend_schema(
         tags=[TAG],
@@ -53,7 +55,7 @@ class TenantCollectionApi(NeverDeleted, APIView):
 
 class TenantDetailApi(NeverDeleted, APIView):
     permission_classes = [IsPlatformAdmin]
-    delete_hint = "Tenants are never deleted: POST /api/v1/tenants/{id}/deactivate instead."
+    delete_hint = "Tenants are never deleted: POST /api/v1/tenants/{tenant_id}/deactivate instead."
 
     @extend_schema(
         tags=[TAG], responses={200: TenantSerializer, 404: NOT_FOUND}, summary="Read a tenant"

@@ -11,9 +11,10 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from common.api import DefaultPagination, NeverDeleted, validated
 from common.schema import ErrorSerializer
 from identity import selectors, services
-from identity.api.common import NeverDeleted, paginated, query, validated
+from identity.api.common import paginated, query
 from identity.api.serializers import (
     UserListQuerySerializer,
     UserRegisterSerializer,
@@ -29,6 +30,7 @@ MANAGERS = [IsPlatformAdmin | IsTenantManager]
 
 class UserCollectionApi(NeverDeleted, APIView):
     permission_classes = MANAGERS
+    pagination_class = DefaultPagination
 
     @extend_schema(
         tags=[TAG],
@@ -69,7 +71,7 @@ class UserCollectionApi(NeverDeleted, APIView):
 
 class UserDetailApi(NeverDeleted, APIView):
     permission_classes = MANAGERS
-    delete_hint = "Users are never deleted: POST /api/v1/users/{id}/deactivate instead."
+    delete_hint = "Users are never deleted: POST /api/v1/users/{user_id}/deactivate instead."
 
     @extend_schema(
         tags=[TAG], responses={200: UserSerializer, 404: NOT_FOUND}, summary="Read a user"
