@@ -24,7 +24,7 @@ class AccessTokenAuthentication(authentication.BaseAuthentication):
         user = (
             User.objects.select_related("tenant").filter(pk=claims["sub"], is_active=True).first()
         )
-        if user is None or (user.tenant_id is not None and not user.tenant.is_active):
+        if user is None or not user.may_log_in:
             raise exceptions.AuthenticationFailed(
                 "The account is not active.", code="account_inactive"
             )

@@ -39,9 +39,15 @@ def _token_pair_response(pair: services.TokenPair) -> Response:
     return response
 
 
-class LoginApi(APIView):
+class SessionApi(APIView):
+    # The session endpoints take a password or a refresh token, never an access token: an
+    # expired access token must not stand in the way of getting a new one. (A comment, not a
+    # docstring: the schema would show a docstring as each operation's description.)
     authentication_classes: list = []
     permission_classes = [AllowAny]
+
+
+class LoginApi(SessionApi):
     throttle_classes = [LoginRateByAddress, LoginRateByEmail]
 
     @extend_schema(
@@ -69,10 +75,7 @@ class LoginApi(APIView):
         )
 
 
-class RefreshApi(APIView):
-    authentication_classes: list = []
-    permission_classes = [AllowAny]
-
+class RefreshApi(SessionApi):
     @extend_schema(
         tags=[TAG],
         auth=[],
@@ -92,10 +95,7 @@ class RefreshApi(APIView):
         return _token_pair_response(services.refresh_token_rotate(token=data["refresh_token"]))
 
 
-class LogoutApi(APIView):
-    authentication_classes: list = []
-    permission_classes = [AllowAny]
-
+class LogoutApi(SessionApi):
     @extend_schema(
         tags=[TAG],
         auth=[],

@@ -8,7 +8,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.api import NewestFirstCursorPagination
+from common.api import NewestFirstCursorPagination, validated
 from common.errors import InvalidInput, NotFound
 from common.schema import ErrorSerializer
 from identity.permissions import IsTenantMember
@@ -86,12 +86,11 @@ class JobsApi(GenericAPIView):
         },
     )
     def post(self, request):
-        data = JobCreateInput(data=request.data)
-        data.is_valid(raise_exception=True)
+        data = validated(JobCreateInput, request.data)
         job, created = job_create(
             tenant=request.user.tenant,
-            automation_id=data.validated_data["automation"],
-            params=data.validated_data["params"],
+            automation_id=data["automation"],
+            params=data["params"],
             requested_by=request.user,
             idempotency_key=idempotency_key_of(request),
         )

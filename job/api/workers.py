@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from automation.authentication import WorkerAuthentication
 from automation.permissions import IsWorker
+from common.api import validated
 from common.errors import Conflict
 from common.schema import ErrorSerializer
 from job.api.serializers import (
@@ -51,11 +52,8 @@ class WorkerJobPollApi(WorkerApi):
         responses={200: PendingJobOutput(many=True)},
     )
     def get(self, request):
-        filters = PollFilters(data=request.query_params)
-        filters.is_valid(raise_exception=True)
-        jobs = jobs_pending_for(
-            automation_id=request.user.automation_id, limit=filters.validated_data["limit"]
-        )
+        filters = validated(PollFilters, request.query_params)
+        jobs = jobs_pending_for(automation_id=request.user.automation_id, limit=filters["limit"])
         return Response(PendingJobOutput(jobs, many=True).data)
 
 
@@ -102,9 +100,8 @@ class JobHeartbeatApi(WorkerApi):
         responses={200: HeartbeatOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
     def post(self, request, job_id: int):
-        data = HeartbeatInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        job = job_heartbeat(worker=request.user, job_id=job_id, **data.validated_data)
+        data = validated(HeartbeatInput, request.data)
+        job = job_heartbeat(worker=request.user, job_id=job_id, **data)
         return Response(HeartbeatOutput(job).data)
 
 
@@ -121,9 +118,8 @@ class JobCompleteApi(WorkerApi):
         responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
     def post(self, request, job_id: int):
-        data = CompleteInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        job = job_complete(worker=request.user, job_id=job_id, **data.validated_data)
+        data = validated(CompleteInput, request.data)
+        job = job_complete(worker=request.user, job_id=job_id, **data)
         return Response(ClaimedJobOutput(job).data)
 
 
@@ -139,7 +135,6 @@ class JobFailApi(WorkerApi):
         responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
     def post(self, request, job_id: int):
-        data = FailInput(data=request.data)
-        data.is_valid(raise_exception=True)
-        job = job_fail(worker=request.user, job_id=job_id, **data.validated_data)
+        data = validated(FailInput, request.data)
+        job = job_fail(worker=request.user, job_id=job_id, **data)
         return Response(ClaimedJobOutput(job).data)
