@@ -158,6 +158,20 @@ def test_platform_admins_filter_by_sector_active_and_search(admin_api):
     assert listed[0]["worker"]["provider"] == "local"
 
 
+@pytest.mark.parametrize("caller", ["admin_api", "person_api"])
+def test_the_list_takes_the_same_two_queries_however_many_automations_it_shows(
+    request, caller, django_assert_max_num_queries
+):
+    AutomationWithWorkerFactory.create_batch(6)
+    api = request.getfixturevalue(caller)
+
+    # The page's count, then the page with each automation's worker joined in.
+    with django_assert_max_num_queries(2):
+        response = api.get("/api/v1/automations")
+
+    assert len(response.json()["results"]) == 6
+
+
 def test_a_bad_filter_is_a_400(admin_api):
     response = admin_api.get("/api/v1/automations?sector=finance")
 

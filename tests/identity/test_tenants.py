@@ -63,6 +63,18 @@ def test_platform_admins_list_tenants_filtered_and_searched(as_admin):
     assert [t["name"] for t in found["results"]] == ["Beta Lab"]
 
 
+def test_the_list_takes_the_same_three_queries_however_many_tenants_it_shows(
+    as_admin, django_assert_max_num_queries
+):
+    TenantFactory.create_batch(6)
+
+    # The caller (access token), the page's count, then the page itself.
+    with django_assert_max_num_queries(3):
+        response = as_admin.get("/api/v1/tenants")
+
+    assert response.json()["count"] == 6
+
+
 def test_a_bad_filter_is_a_400(as_admin):
     error_of(as_admin.get("/api/v1/tenants", {"is_active": "perhaps"}), 400, "invalid")
 

@@ -128,6 +128,20 @@ def test_a_platform_admin_lists_every_tenant_or_one(as_admin, manager, outsider)
     assert [u["id"] for u in only["results"]] == [outsider.pk]
 
 
+@pytest.mark.parametrize("caller", ["as_admin", "as_manager"])
+def test_the_list_takes_the_same_three_queries_however_many_users_it_shows(
+    request, caller, manager, django_assert_max_num_queries
+):
+    UserFactory.create_batch(6, tenant=manager.tenant)
+    api = request.getfixturevalue(caller)
+
+    # The caller with their tenant (access token), the page's count, then the page itself.
+    with django_assert_max_num_queries(3):
+        response = api.get("/api/v1/users")
+
+    assert response.json()["count"] == 7
+
+
 def test_a_manager_reads_and_updates_a_user_of_their_tenant(as_manager, member):
     assert as_manager.get(f"/api/v1/users/{member.pk}").json()["email"] == member.email
 

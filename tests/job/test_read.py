@@ -30,6 +30,19 @@ def test_the_list_shows_the_tenants_jobs_newest_first(person_client, user, other
     assert ids(response) == [new.id, old.id]
 
 
+def test_the_list_takes_one_query_however_many_jobs_it_shows(
+    person_client, user, django_assert_max_num_queries
+):
+    for _ in range(6):
+        JobFactory(tenant=user.tenant, automation=AutomationFactory())
+
+    # One page by cursor: no count, and ids stand for the automation and the requester.
+    with django_assert_max_num_queries(1):
+        response = person_client.get(URL)
+
+    assert len(ids(response)) == 6
+
+
 def test_the_list_pages_with_a_cursor_without_repeats_or_gaps(person_client, user):
     now = timezone.now()
     jobs = [JobFactory(tenant=user.tenant, created_at=now - timedelta(minutes=i)) for i in range(5)]

@@ -37,6 +37,18 @@ def test_platform_admins_list_every_sector_and_filter_them(admin_api):
     assert names(admin_api.get("/api/v1/sectors?search=MONEY")) == ["Finance"]
 
 
+def test_the_list_takes_the_same_two_queries_however_many_sectors_it_shows(
+    admin_api, django_assert_max_num_queries
+):
+    SectorFactory.create_batch(6)
+
+    # The page's count, then the page itself.
+    with django_assert_max_num_queries(2):
+        response = admin_api.get("/api/v1/sectors")
+
+    assert len(response.json()["results"]) == 6
+
+
 def test_a_bad_filter_is_a_400_in_the_error_format(admin_api):
     response = admin_api.get("/api/v1/sectors?active=perhaps")
 
