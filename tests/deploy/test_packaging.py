@@ -20,7 +20,9 @@ def compose() -> dict:
 
 
 def manage_commands_in(command) -> list[str]:
-    words = command if isinstance(command, list) else shlex.split(command)
+    """The manage.py commands a compose command or Procfile line runs (``sh -c`` included)."""
+    parts = command if isinstance(command, list) else [command]
+    words = [word for part in parts for word in shlex.split(part)]
     return [words[i + 1] for i, word in enumerate(words[:-1]) if word == "manage.py"]
 
 
@@ -37,6 +39,22 @@ def test_compose_runs_only_commands_that_exist(compose):
     for name, service in compose["services"].items():
         for command in manage_commands_in(service.get("command", [])):
             assert command in known, f"service {name} runs unknown command {command}"
+
+
+def test_compose_runs_the_daemons_and_exactly_one_relay(compose):
+    services = compose["services"]
+    commands = {
+        name: manage_commands_in(service.get("command", [])) for name, service in services.items()
+    }
+    assert "run_relay" in commands["relay"]
+    assert "run_worker" in commands["worker"]
+    assert "watch_stuck_jobs" in commands["monitor"]
+    relays = [
+        name
+        for name, service in services.items()
+        if str(service.get("environment", {}).get("HUBDOMMED_RELAY", "")).lower() == "true"
+    ]
+    assert relays == ["relay"]
 
 
 def test_compose_sets_only_variables_the_settings_read(compose):
