@@ -51,6 +51,7 @@ from relay.engine import OutboxRelay  # noqa: E402
 from relay.transports import get_transport  # noqa: E402
 from relay.transports.rabbitmq import message_properties  # noqa: E402
 from relay.transports.sqs import batch_entries, sqs_client  # noqa: E402
+from tests.processes import process_environment  # noqa: E402
 
 
 def insert_rows(count: int, *, sent: bool = False, queue: str = "default") -> None:
@@ -211,13 +212,8 @@ def bench_sqs(rows: int, batch_size: int) -> dict:
 
 
 def relay_process(sweep: float) -> subprocess.Popen:
-    db = settings.DATABASES["default"]
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        QUEUE_PREFIX=settings.QUEUE_PREFIX,
-        RABBITMQ_EXCHANGE=settings.RABBITMQ_EXCHANGE,
-        REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
+    env = process_environment(
+        settings,
         BROKER="rabbitmq",
         HUBDOMMED_RELAY="true",
         RELAY_SWEEP_INTERVAL=str(sweep),

@@ -13,7 +13,7 @@ import redis
 from django.conf import settings
 
 from tests.aws import moto_endpoint  # noqa: F401
-from tests.factories import TenantFactory, UserFactory
+from tests.factories import PlatformAdminFactory, TenantFactory, UserFactory
 
 
 @pytest.fixture(scope="session")
@@ -69,3 +69,9 @@ def other_tenant(db):
 @pytest.fixture
 def user(tenant):
     return UserFactory(tenant=tenant)
+
+
+@pytest.fixture
+def platform_admin(db):
+    """Staff without a tenant: runs the catalog and the tenants."""
+    return PlatformAdminFactory()

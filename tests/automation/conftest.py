@@ -9,7 +9,6 @@ from tests.sector.conftest import (  # noqa: F401 (fixtures shared with the sect
     events,
     person,
     person_api,
-    platform_admin,
     sector,
 )
 

@@ -3,18 +3,13 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from tests.factories import ManagerFactory, PlatformAdminFactory, UserFactory
+from tests.factories import ManagerFactory, UserFactory
 from tests.identity.support import client_for
 
 
 @pytest.fixture
 def api():
     return APIClient(raise_request_exception=False)
-
-
-@pytest.fixture
-def platform_admin(db):
-    return PlatformAdminFactory()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@ and the process end to end (``--once``, and SIGTERM while it loops)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from job.models import Job
 from tests.factories import AutomationFactory
 from tests.job.support import events_of
 from tests.monitor.conftest import power_ons
+from tests.processes import process_environment
 
 
 @pytest.mark.django_db
@@ -82,17 +82,7 @@ def test_a_non_positive_interval_is_refused():
 
 
 def monitor_environment(settings, **extra) -> dict[str, str]:
-    db = settings.DATABASES["default"]
-    env = dict(os.environ)
-    env.update(
-        # The test database (test_<name>), where this test's rows are committed.
-        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        QUEUE_PREFIX=settings.QUEUE_PREFIX,
-        REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
-        LOG_LEVEL="info",
-        **extra,
-    )
-    return env
+    return process_environment(settings, LOG_LEVEL="info", **extra)
 
 
 def run_monitor(settings, *args: str, **env) -> subprocess.Popen:

@@ -3,7 +3,6 @@ and the periodic tasks it enqueues."""
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -23,6 +22,7 @@ from outbox.models import PlatformOutboxMessage
 from outbox.services import dispatch
 from relay.management.commands.run_relay import Command
 from relay.models import RelaySchedule
+from tests.processes import process_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,18 +68,7 @@ def test_with_redis_down_the_relay_keeps_sweeping_and_says_so_once(settings, cap
 
 
 def relay_environment(settings, **extra) -> dict[str, str]:
-    db = settings.DATABASES["default"]
-    env = dict(os.environ)
-    env.update(
-        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        QUEUE_PREFIX=settings.QUEUE_PREFIX,
-        RABBITMQ_EXCHANGE=settings.RABBITMQ_EXCHANGE,
-        REDIS_KEY_PREFIX=settings.REDIS_KEY_PREFIX,
-        BROKER="rabbitmq",
-        HUBDOMMED_RELAY="true",
-        **extra,
-    )
-    return env
+    return process_environment(settings, BROKER="rabbitmq", HUBDOMMED_RELAY="true", **extra)
 
 
 def test_the_daemon_wakes_on_a_commit_well_before_its_sweep_and_exits_0_on_sigterm(

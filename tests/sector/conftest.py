@@ -4,12 +4,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from outbox.models import Event
-from tests.factories import PlatformAdminFactory, SectorFactory, UserFactory
-
-
-@pytest.fixture
-def platform_admin(db):
-    return PlatformAdminFactory()
+from tests.factories import SectorFactory, UserFactory
 
 
 @pytest.fixture
