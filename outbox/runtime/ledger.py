@@ -122,7 +122,10 @@ class Lease:
 
 def new_holder() -> str:
     """Who holds a run: this process, and which of its claims (one per delivery)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+_HOST = socket.gethostname()
 
 
 class RunLedger:
