@@ -35,6 +35,11 @@ import django  # noqa: E402
 
 django.setup()
 
+import logging  # noqa: E402
+
+# moto's server logs every request at INFO; the figures are what matters here.
+logging.getLogger("werkzeug").setLevel(logging.WARNING)
+
 import pika  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
