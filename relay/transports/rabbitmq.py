@@ -125,6 +125,8 @@ class _Connection:
     def __init__(self, params: pika.URLParameters) -> None:
         self.error: str | None = None
         self._until: Callable[[], bool] | None = None
+        # When the I/O loop last ran: heartbeats flow only while it runs.
+        self._last_io = time.monotonic()
         self._topology_channel: Any = None
         self._channel_error: str | None = None
         self.connection = pika.SelectConnection(
@@ -166,6 +168,7 @@ class _Connection:
             finally:
                 ioloop.remove_timeout(timer)
                 self._until = None
+                self._last_io = time.monotonic()
 
     def _wake(self) -> None:
         if self._until is not None and (self.error or self._until()):
@@ -181,7 +184,27 @@ class _Connection:
 
     @property
     def usable(self) -> bool:
-        return self.error is None and self.connection.is_open and self.publisher.is_open
+        return (
+            self.error is None
+            and self.connection.is_open
+            and self.publisher.is_open
+            and not self.silent_too_long
+        )
+
+    @property
+    def silent_too_long(self) -> bool:
+        """Whether the broker may have dropped us for missing heartbeats.
+
+        The I/O loop (and with it the heartbeats) only runs while the relay talks to the
+        broker; between batches the relay waits on Redis, however long the outbox stays
+        empty. A connection left silent for more than half the negotiated heartbeat is
+        replaced before use, rather than found dead by the next batch (which would then
+        count as an outage and wait before its retry).
+        """
+        heartbeat = self.connection.params.heartbeat
+        if not heartbeat:
+            return False
+        return time.monotonic() - self._last_io > heartbeat / 2
 
     def close(self) -> None:
         if self.connection.is_open:
