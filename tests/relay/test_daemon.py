@@ -145,3 +145,43 @@ def test_a_relay_down_for_several_periods_enqueues_the_task_once_not_once_per_pe
     next_due = RelaySchedule.objects.get().next_due_at
     # Still on the schedule's own slots: the next one is within the coming hour.
     assert timezone.now() < next_due <= timezone.now() + timedelta(hours=1)
+
+
+def drop_other_database_connections() -> int:
+    """What a database restart does to every other process: their connections are gone."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchone()[0]
+
+
+def test_the_daemon_reconnects_after_the_database_drops_its_connection(settings, rabbit):
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "run_relay"],
+        cwd=django_settings.BASE_DIR,
+        env=relay_environment(settings, RELAY_SWEEP_INTERVAL="0.2"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # The hourly purge due at the first start: the relay is up and connected.
+        for _ in range(200):
+            if rabbit.exists("maintenance") or process.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert rabbit.take_one("maintenance", timeout=20) is not None
+        assert drop_other_database_connections() >= 1
+
+        with transaction.atomic():
+            run_id = dispatch("maintenance.purge", {"after": "restart"})
+        received = rabbit.take_one("maintenance", timeout=20)
+
+        assert received is not None, "the relay never got its database connection back"
+        assert received[1]["run_id"] == str(run_id)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=20)
+    assert process.returncode == 0, err
