@@ -27,6 +27,8 @@ logger = logging.getLogger("hubdommed.agent")
 
 OUTPUT_TAIL_CHARS = 8_000
 KILL_GRACE_SECONDS = 5.0
+# How often a running command's executor looks at the shutdown flag.
+STOP_CHECK_SECONDS = 0.2
 
 
 @dataclass
@@ -102,19 +104,23 @@ def run_claimed_job(
     threading.Thread(target=_feed, args=(process.stdin, params.encode()), daemon=True).start()
     output = OutputTail(process.stdout)
     deadline = time.monotonic() + timeout_seconds
+    next_beat = time.monotonic() + heartbeat_interval
     stop_reason = ""
     while True:
-        remaining = deadline - time.monotonic()
+        # Short waits: a shutdown must not wait for the next heartbeat to be noticed.
+        wait = min(next_beat, deadline) - time.monotonic()
         try:
-            process.wait(timeout=max(0.0, min(heartbeat_interval, remaining)))
+            process.wait(timeout=max(0.0, min(STOP_CHECK_SECONDS, wait)))
             break
         except subprocess.TimeoutExpired:
             pass
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if now >= deadline:
             stop_reason = "timeout"
         elif stopping.is_set():
             stop_reason = "shutdown"
-        else:
+        elif now >= next_beat:
+            next_beat = now + heartbeat_interval
             try:
                 beat = client.heartbeat(job_id, token)
             except HubError as exc:
