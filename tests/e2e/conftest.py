@@ -113,6 +113,8 @@ class System:
             "--automation",
             slug,
             HUBDOMMED_WORKER_CREDENTIAL=credential,
+            # It needs no database: give it one it cannot reach, so any use shows.
+            DATABASE_URL="postgres://nobody@127.0.0.1:9/no_database",
             **env,
         )
 
