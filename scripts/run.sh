@@ -16,5 +16,17 @@ export HUB_URL=${HUB_URL:-http://${HOST}:${PORT}}
 python manage.py setup_broker
 python manage.py seed_demo
 
+# Automation workers the local provider started run detached (machines of their own); when
+# this whole system stops, they stop with it.
+stop_local_machines() {
+  for pid_file in "${LOCAL_MACHINES_DIR:-var/machines}"/*.pid; do
+    [ -f "$pid_file" ] || continue
+    pid=$(cat "$pid_file")
+    # Only if that pid is still one of our workers (pids get reused).
+    if grep -qs run_worker "/proc/$pid/cmdline"; then kill -TERM "$pid" 2>/dev/null || true; fi
+  done
+}
+trap stop_local_machines EXIT
+
 echo "Hub DomMed API listening on http://${HOST}:${PORT}/ (docs: http://${HOST}:${PORT}/api/docs/)"
-exec honcho start --no-colour -f Procfile
+honcho start --no-colour -f Procfile

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -72,15 +73,30 @@ class AutomationWorker:
         self._candidates.put(job_id)
 
     # -- the loop --------------------------------------------------------------------------
-    def run(self) -> AgentStats:
+    def run(self, *, release_machine: Callable[[], None] | None = None) -> AgentStats:
+        """Work until shut down, or until idle for ``idle_timeout``.
+
+        Going idle, the worker first lets go of its machine (``release_machine``: a new
+        power-on may start another worker from then on), then polls one last time and
+        runs what it finds. A job created in between is thus either found by this poll or
+        powers on a new worker; it never waits for the stuck-job monitor.
+        """
         next_poll = 0.0
+        released = False
         while not self.shutdown.is_set():
             if time.monotonic() >= next_poll:
                 self.poll_once()
                 next_poll = time.monotonic() + self.poll_interval
-            if not self.claim_next(timeout=min(0.5, self.poll_interval)) and self._idle_too_long():
-                logger.info("idle for %.0f s: the worker stops", self.idle_timeout)
+            if self.claim_next(timeout=min(0.5, self.poll_interval)) or not self._idle_too_long():
+                continue
+            if released:
                 break
+            logger.info("idle for %.0f s: the worker stops", self.idle_timeout)
+            if release_machine is not None:
+                release_machine()
+            released = True
+            if self.poll_once():
+                self._last_activity = time.monotonic()
         self._drain()
         return self.stats
 

@@ -14,6 +14,7 @@ Thin on purpose: this wires things together; the behaviour lives in those module
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -24,6 +25,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from automation.agent.client import HubClient, HubError
 from automation.agent.worker import AutomationWorker, JobOfferProcessor
+from automation.machines.local import LOCK_FD_ENV
 from outbox.catalog import get_catalog
 from outbox.models import QUEUES
 from outbox.runtime.loop import Worker
@@ -152,7 +154,7 @@ class Command(BaseCommand):
 
         def run_jobs() -> None:
             try:
-                agent.run()
+                agent.run(release_machine=release_machine_lock)
             finally:
                 loop.stop()  # idle, or shutting down: the queue consumer stops too
 
@@ -181,3 +183,12 @@ class Command(BaseCommand):
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, on_signal)
+
+
+def release_machine_lock() -> None:
+    """Let go of the lock the local provider handed us: this machine counts as off now."""
+    fd = os.environ.pop(LOCK_FD_ENV, None)
+    if fd is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        os.close(int(fd))
