@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
 from typing import Any, TypeVar
 
@@ -160,7 +161,12 @@ class RabbitMQConsumer(Consumer):
             connection.add_callback_threadsafe(run)
         except pika.exceptions.AMQPError as exc:
             raise TransportUnavailable(f"RabbitMQ connection lost: {exc!r}") from exc
-        return answer.result(timeout=SETTLE_TIMEOUT)
+        try:
+            return answer.result(timeout=SETTLE_TIMEOUT)
+        except FutureTimeout:
+            # The connection this was queued on was replaced before running it: the broker
+            # took the message back with that connection.
+            raise TransportUnavailable("no answer from the RabbitMQ connection") from None
 
     def _settle(self, delivery: Delivery, action: Callable[[Any], None]) -> None:
         def run() -> None:

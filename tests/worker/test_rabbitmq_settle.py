@@ -1,0 +1,46 @@
+"""A settlement the RabbitMQ I/O thread never runs is an unavailable broker, not a crash."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pika
+import pytest
+
+from relay.transports import consume_rabbitmq
+from relay.transports.base import TransportUnavailable
+from relay.transports.consume_rabbitmq import RabbitMQConsumer
+
+
+@pytest.fixture
+def consumer(settings):
+    settings.RABBITMQ_EXCHANGE = f"dom_med_settle_{uuid.uuid4().hex[:6]}"
+    consumer = RabbitMQConsumer()
+    consumer.start([], prefetch=1)
+    yield consumer
+    consumer.close()
+    conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    try:
+        conn.channel().exchange_delete(settings.RABBITMQ_EXCHANGE)
+    finally:
+        conn.close()
+
+
+def test_a_settlement_left_unanswered_raises_transport_unavailable(consumer, monkeypatch):
+    monkeypatch.setattr(consume_rabbitmq, "SETTLE_TIMEOUT", 0.3)
+    errors: list[BaseException] = []
+
+    def from_a_worker_thread():
+        try:
+            # The I/O thread (this test's main thread) never polls, as after a reconnect.
+            consumer._on_io_thread(lambda: "settled")
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=from_a_worker_thread)
+    thread.start()
+    thread.join(timeout=10)
+
+    assert len(errors) == 1
+    assert isinstance(errors[0], TransportUnavailable)
