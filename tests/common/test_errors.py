@@ -66,3 +66,26 @@ def test_every_response_carries_a_request_id(api):
     response = api.get("/health/live", HTTP_X_REQUEST_ID="abc-123")
     assert response["X-Request-ID"] == "abc-123"
     assert api.get("/health/live")["X-Request-ID"]
+
+
+def test_json_nested_too_deeply_is_a_400_not_a_500(api):
+    response = api.post("/t/validate", "[" * 100_000, content_type="application/json")
+    assert_error(response, 400, "malformed_request")
+
+
+def test_a_body_over_the_size_limit_is_a_413_in_the_error_format(api, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1_000
+    body = '{"name": "' + "x" * 2_000 + '", "count": 1}'
+    assert_error(api.post("/t/validate", body, content_type="application/json"), 413, "too_large")
+
+
+def test_json_nested_deep_enough_to_break_encoding_is_refused_at_the_door(api):
+    # Parses, but would fail with RecursionError wherever it is encoded again.
+    deep = "[" * 900 + "]" * 900
+    response = api.post("/t/validate", deep, content_type="application/json")
+    assert_error(response, 400, "malformed_request")
+
+
+def test_json_nested_a_few_levels_is_parsed(api):
+    nested = {"name": "ok", "count": 1, "extra": [[[{"a": {"b": [1]}}]]]}
+    assert api.post("/t/validate", nested, format="json").status_code == 200
