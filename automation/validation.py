@@ -16,6 +16,8 @@ from django.core.validators import validate_slug
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from common.jsondata import contains_nul
+
 # PostgreSQL integer, the column type of PositiveIntegerField.
 MAX_INT = 2_147_483_647
 NAME_MAX_LENGTH = 200
@@ -107,6 +109,8 @@ def _schema_problem(schema: Any) -> str | None:
     # Job parameters are a JSON object, so their schema is an object schema document.
     if not isinstance(schema, dict):
         return "Must be a JSON Schema object (or null to accept any parameters)."
+    if contains_nul(schema):
+        return "Must not contain NUL characters (\\u0000)."
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

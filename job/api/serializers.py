@@ -6,6 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from common.jsondata import contains_nul
 from job.models import FailureReason, Job, JobStatus
 
 # --- people -------------------------------------------------------------------------------
@@ -147,7 +148,12 @@ class _ClaimInput(serializers.Serializer):
 
 @extend_schema_field({"description": "Any JSON value."})
 class AnyJSONField(serializers.JSONField):
-    pass
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if contains_nul(value):
+            # jsonb cannot store U+0000: refused here rather than failing at the UPDATE.
+            raise serializers.ValidationError("Must not contain NUL characters (\\u0000).")
+        return value
 
 
 class HeartbeatInput(_ClaimInput):

@@ -71,6 +71,9 @@ def test_the_worker_defaults_to_a_local_process(admin_api, sector):
         ({"worker": {"provider": "ec2", "machine_id": "web-1"}}, "machine_id"),
         ({"worker": {"provider": "gcp"}}, "worker"),
         ({"max_concurrency": "many"}, "max_concurrency"),
+        # PostgreSQL's jsonb cannot hold U+0000: refused here, not a 500 at the INSERT.
+        ({"params_schema": {"type": "object", "title": "a\u0000b"}}, "params_schema"),
+        ({"params_schema": {"type": "object", "properties": {"\u0000": {}}}}, "params_schema"),
     ],
 )
 def test_invalid_input_is_a_400_in_the_error_format(admin_api, sector, events, overrides, field):

@@ -136,6 +136,18 @@ def test_a_broken_parameter_schema_is_a_409_not_a_500(person_client):
     assert response.json()["error"]["code"] == "automation_misconfigured"
 
 
+@pytest.mark.parametrize("params", [{"note": "a\u0000b"}, {"\u0000": 1}, {"list": [["\u0000"]]}])
+def test_parameters_with_a_nul_character_are_a_400_not_a_500(person_client, automation, params):
+    # PostgreSQL's jsonb cannot store U+0000.
+    response = person_client.post(
+        URL, {"automation": automation.id, "params": params}, format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid_params"
+    assert not Job.objects.exists()
+
+
 @override_settings(JOB_PARAMS_MAX_BYTES=100)
 def test_parameters_over_the_size_limit_are_refused(person_client, automation):
     response = person_client.post(

@@ -61,6 +61,23 @@ def test_a_heartbeat_without_progress_keeps_the_last_one(worker_api, running):
     assert running.progress == {"step": 2}
 
 
+@pytest.mark.parametrize(
+    ("action", "body"),
+    [
+        ("heartbeat", {"progress": {"step": "a\u0000b"}}),
+        ("complete", {"result": {"\u0000": 1}}),
+    ],
+)
+def test_json_with_a_nul_character_is_a_400_not_a_500(worker_api, running, action, body):
+    # PostgreSQL's jsonb cannot store U+0000.
+    response = post(worker_api, running, action, claim_token=str(running.claim_token), **body)
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid"
+    running.refresh_from_db()
+    assert running.status == Job.Status.RUNNING and running.progress is None
+
+
 def test_a_heartbeat_writes_no_event(worker_api, running):
     post(worker_api, running, "heartbeat", claim_token=str(running.claim_token))
 
