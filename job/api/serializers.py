@@ -6,7 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from common.jsondata import contains_nul
+from common.jsondata import NUL, contains_nul
 from job.models import FailureReason, Job, JobStatus
 
 # --- people -------------------------------------------------------------------------------
@@ -156,6 +156,19 @@ class AnyJSONField(serializers.JSONField):
         return value
 
 
+class CommandOutputField(serializers.CharField):
+    """Text a command printed: a NUL byte in it is replaced, not a reason to lose the report.
+
+    PostgreSQL text cannot hold U+0000, and DRF refuses it in a ``CharField``; a command
+    may print any byte, and a refused report would leave its job to end ``worker_lost``.
+    """
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            data = data.replace(NUL, "\ufffd")
+        return super().to_internal_value(data)
+
+
 class HeartbeatInput(_ClaimInput):
     progress = AnyJSONField(
         required=False,
@@ -177,7 +190,7 @@ class HeartbeatOutput(serializers.ModelSerializer):
 
 
 def _output_tail_field() -> serializers.CharField:
-    return serializers.CharField(
+    return CommandOutputField(
         required=False,
         default="",
         allow_blank=True,
@@ -208,7 +221,7 @@ class CompleteInput(_ClaimInput):
 
 
 class FailInput(_ClaimInput):
-    error = serializers.CharField(max_length=10_000, allow_blank=True, trim_whitespace=False)
+    error = CommandOutputField(max_length=10_000, allow_blank=True, trim_whitespace=False)
     output_tail = _output_tail_field()
     exit_code = _exit_code_field()
     reason = serializers.ChoiceField(

@@ -78,6 +78,21 @@ def test_json_with_a_nul_character_is_a_400_not_a_500(worker_api, running, actio
     assert running.status == Job.Status.RUNNING and running.progress is None
 
 
+@pytest.mark.parametrize("action", ["complete", "fail"])
+def test_nul_characters_in_the_commands_output_do_not_cost_the_report(worker_api, running, action):
+    # A command may print any byte; PostgreSQL text cannot hold U+0000, so it is replaced.
+    body = {"output_tail": "before\u0000after", "error": "bad\u0000byte"}
+    if action == "complete":
+        del body["error"]
+
+    response = post(worker_api, running, action, claim_token=str(running.claim_token), **body)
+
+    assert response.status_code == 200, response.content
+    running.refresh_from_db()
+    assert running.output_tail == "before\ufffdafter"
+    assert running.error == ("bad\ufffdbyte" if action == "fail" else "")
+
+
 def test_a_heartbeat_writes_no_event(worker_api, running):
     post(worker_api, running, "heartbeat", claim_token=str(running.claim_token))
 
