@@ -15,6 +15,9 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+from referencing import Registry
+from referencing.exceptions import Unresolvable
+from referencing.jsonschema import DRAFT202012
 
 from common.jsondata import contains_nul
 
@@ -118,4 +121,34 @@ def _schema_problem(schema: Any) -> str | None:
         return f"Not a valid JSON Schema (draft 2020-12): {exc.message}" + (
             f" at '{where}'." if where else "."
         )
+    ref = _unresolvable_reference(schema)
+    if ref is not None:
+        return (
+            f"The reference {ref!r} leads nowhere in this schema: references must point "
+            "inside it (the hub never fetches schemas from elsewhere)."
+        )
+    return None
+
+
+def _unresolvable_reference(schema: dict[str, Any]) -> str | None:
+    """The first ``$ref``/``$dynamicRef`` that does not resolve inside ``schema`` itself.
+
+    Resolved against an empty registry that retrieves nothing, as job validation does:
+    otherwise jsonschema would fetch a remote ``$ref`` over the network at every job.
+    """
+    resolver = Registry().resolver_with_root(DRAFT202012.create_resource(schema))
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for keyword in ("$ref", "$dynamicRef"):
+                ref = node.get(keyword)
+                if isinstance(ref, str):
+                    try:
+                        resolver.lookup(ref)
+                    except Unresolvable:
+                        return ref
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
     return None

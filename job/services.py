@@ -19,6 +19,8 @@ import jsonschema
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+from referencing import Registry
+from referencing.exceptions import Unresolvable
 
 from automation.selectors import automation_get
 from automation.services import worker_seen
@@ -155,16 +157,17 @@ def _validate_params(params: Any, *, schema: dict[str, Any] | None) -> None:
     try:
         validator_class = jsonschema.validators.validator_for(schema)
         validator_class.check_schema(schema)
-    except jsonschema.SchemaError:
-        logger.error("automation parameter schema is not a valid JSON Schema")
+        # An empty registry: a $ref is resolved inside the schema or not at all, never
+        # fetched over the network in the middle of a request.
+        validator = validator_class(schema, registry=Registry())
+        errors = sorted(validator.iter_errors(params), key=lambda error: list(error.absolute_path))
+    except (jsonschema.SchemaError, Unresolvable):
+        logger.error("automation parameter schema is broken (invalid, or a $ref leading nowhere)")
         raise Conflict(
             "The automation's parameter schema is broken; nothing can be started until "
             "it is fixed.",
             code="automation_misconfigured",
         ) from None
-    errors = sorted(
-        validator_class(schema).iter_errors(params), key=lambda error: list(error.absolute_path)
-    )
     if errors:
         raise InvalidInput(
             "The parameters do not match the automation's schema.",

@@ -74,6 +74,11 @@ def test_the_worker_defaults_to_a_local_process(admin_api, sector):
         # PostgreSQL's jsonb cannot hold U+0000: refused here, not a 500 at the INSERT.
         ({"params_schema": {"type": "object", "title": "a\u0000b"}}, "params_schema"),
         ({"params_schema": {"type": "object", "properties": {"\u0000": {}}}}, "params_schema"),
+        # The hub never fetches a schema from elsewhere, and a reference must lead somewhere.
+        ({"params_schema": {"$ref": "http://127.0.0.1:9/schema.json"}}, "params_schema"),
+        ({"params_schema": {"properties": {"a": {"$ref": "other.json"}}}}, "params_schema"),
+        ({"params_schema": {"properties": {"a": {"$ref": "#/$defs/missing"}}}}, "params_schema"),
+        ({"params_schema": {"$dynamicRef": "#nowhere"}}, "params_schema"),
     ],
 )
 def test_invalid_input_is_a_400_in_the_error_format(admin_api, sector, events, overrides, field):
@@ -85,6 +90,24 @@ def test_invalid_input_is_a_400_in_the_error_format(admin_api, sector, events, o
     assert error["message"]
     assert field in error["details"]
     assert not Automation.objects.exists() and events() == []
+
+
+def test_a_schema_may_refer_to_its_own_definitions(admin_api, sector):
+    schema = {
+        "$id": "https://schemas.example.com/invoice",
+        "$defs": {"month": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}$"}},
+        "type": "object",
+        "properties": {
+            "month": {"$ref": "#/$defs/month"},
+            "again": {"$ref": "https://schemas.example.com/invoice#/$defs/month"},
+        },
+    }
+
+    response = admin_api.post(
+        "/api/v1/automations", payload(sector, params_schema=schema), format="json"
+    )
+
+    assert response.status_code == 201, response.json()
 
 
 def test_an_inactive_sector_is_a_400(admin_api, events):

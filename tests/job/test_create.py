@@ -136,6 +136,30 @@ def test_a_broken_parameter_schema_is_a_409_not_a_500(person_client):
     assert response.json()["error"]["code"] == "automation_misconfigured"
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "http://127.0.0.1:9/schema.json"},
+        {"properties": {"invoice": {"$ref": "#/$defs/missing"}}},
+    ],
+)
+def test_a_schema_with_a_reference_leading_nowhere_is_a_409_and_fetches_nothing(
+    person_client, monkeypatch, schema
+):
+    fetched = []
+    monkeypatch.setattr("urllib.request.urlopen", lambda *args, **kwargs: fetched.append(args))
+    automation = AutomationFactory(params_schema=schema)
+
+    response = person_client.post(
+        URL, {"automation": automation.id, "params": {"invoice": 1}}, format="json"
+    )
+
+    assert response.status_code == 409, response.content
+    assert response.json()["error"]["code"] == "automation_misconfigured"
+    assert fetched == []
+    assert not Job.objects.exists()
+
+
 @pytest.mark.parametrize("params", [{"note": "a\u0000b"}, {"\u0000": 1}, {"list": [["\u0000"]]}])
 def test_parameters_with_a_nul_character_are_a_400_not_a_500(person_client, automation, params):
     # PostgreSQL's jsonb cannot store U+0000.
