@@ -7,9 +7,13 @@ each request, so an environment, or a test, can change them.
 from __future__ import annotations
 
 import hashlib
+import logging
 
+import redis
 from django.conf import settings
 from rest_framework.throttling import SimpleRateThrottle
+
+logger = logging.getLogger("hubdommed.identity")
 
 
 class _LoginThrottle(SimpleRateThrottle):
@@ -22,6 +26,17 @@ class _LoginThrottle(SimpleRateThrottle):
 
     def get_rate(self) -> str:
         return getattr(settings, self.setting)
+
+    def allow_request(self, request, view) -> bool:
+        # Redis is an accelerator: with it down the counters are lost for a while (the
+        # password hasher's cost still slows guessing), but nobody is locked out by a 500.
+        try:
+            return super().allow_request(request, view)
+        except redis.RedisError as exc:
+            logger.warning(
+                "login throttle %s skipped: the cache is unavailable (%s)", self.scope, exc
+            )
+            return True
 
     def get_ident(self, request) -> str:
         """The client address: ``REMOTE_ADDR``, or the address that many trusted proxies saw.

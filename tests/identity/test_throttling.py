@@ -77,3 +77,15 @@ def test_behind_a_trusted_proxy_the_forwarded_address_is_counted(api, low_rates,
 def test_a_successful_login_counts_too_but_within_the_limit_all_pass(api, member, low_rates):
     for _ in range(3):
         assert login(api, member.email).status_code == 200
+
+
+def test_login_still_works_when_redis_is_down(api, member, settings, caplog):
+    # Redis only accelerates: the counters are lost for a while, the logins are not.
+    caches = {alias: dict(config) for alias, config in settings.CACHES.items()}
+    caches["default"]["LOCATION"] = "redis://127.0.0.1:1/0"
+    settings.CACHES = caches
+
+    response = login(api, member.email)
+
+    assert response.status_code == 200, response.content
+    assert "login throttle" in caplog.text
