@@ -251,6 +251,9 @@ def lock_claims_of(automation_id: int) -> None:
 @transaction.atomic
 def job_heartbeat(*, worker: Any, job_id: int, claim_token: uuid.UUID, progress: Any = None) -> Job:
     """Extend the claim's lease; the answer tells the worker whether to stop."""
+    if progress is not None:
+        # Shown to people and rewritten at every beat: bounded like the result.
+        _require_size("progress", progress, settings.JOB_RESULT_MAX_BYTES)
     job = _locked(Job.objects.filter(automation_id=worker.automation_id), job_id)
     job.heartbeat(
         claim_token=claim_token, lease=lease_length(), now=timezone.now(), progress=progress

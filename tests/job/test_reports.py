@@ -93,6 +93,20 @@ def test_nul_characters_in_the_commands_output_do_not_cost_the_report(worker_api
     assert running.error == ("bad\ufffdbyte" if action == "fail" else "")
 
 
+def test_progress_over_the_size_limit_is_refused_and_changes_nothing(worker_api, running, settings):
+    settings.JOB_RESULT_MAX_BYTES = 100
+
+    response = post(
+        worker_api, running, "heartbeat", claim_token=str(running.claim_token), progress="x" * 200
+    )
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "progress_too_large"
+    before = running.lease_expires_at
+    running.refresh_from_db()
+    assert running.progress is None and running.lease_expires_at == before
+
+
 def test_a_heartbeat_writes_no_event(worker_api, running):
     post(worker_api, running, "heartbeat", claim_token=str(running.claim_token))
 
