@@ -18,7 +18,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
-from rest_framework import exceptions, parsers, serializers, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import CursorPagination, LimitOffsetPagination
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -136,48 +136,6 @@ class NewestFirstCursorPagination(CursorPagination):
             return super().decode_cursor(request)
         except exceptions.NotFound:
             raise InvalidInput("The cursor is invalid.", code="invalid_cursor") from None
-
-
-class JSONParser(parsers.JSONParser):
-    """DRF's JSON parser, refusing documents nested deeper than ``MAX_DEPTH`` levels.
-
-    ``json`` raises ``RecursionError`` (not a ``ValueError``) for a document nested
-    deeper than Python's stack allows, which DRF lets through as a 500; a few kilobytes
-    of ``[`` are enough. One nested a little less deep parses, then fails the same way
-    wherever it is encoded again (the size check, the database, the outbox). No request
-    of this API needs more than a few levels, so a generous cap refuses both at the door.
-    """
-
-    MAX_DEPTH = 100
-
-    def parse(self, stream, media_type=None, parser_context=None):
-        try:
-            data = super().parse(stream, media_type, parser_context)
-        except RecursionError:
-            data = None
-        else:
-            if _depth_within(data, self.MAX_DEPTH):
-                return data
-        raise exceptions.ParseError(
-            f"JSON parse error - nested more than {self.MAX_DEPTH} levels deep."
-        )
-
-
-def _depth_within(value: Any, limit: int) -> bool:
-    # Iterative: the point is not to recurse on what the client nested.
-    stack = [(value, 1)]
-    while stack:
-        current, depth = stack.pop()
-        if isinstance(current, dict):
-            children = current.values()
-        elif isinstance(current, list):
-            children = current
-        else:
-            continue
-        if depth > limit:
-            return False
-        stack.extend((child, depth + 1) for child in children)
-    return True
 
 
 def validated(serializer_class: type[serializers.Serializer], data) -> dict[str, Any]:
