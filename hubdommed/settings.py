@@ -236,6 +236,8 @@ SPECTACULAR_SETTINGS = {
     ),
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema is public: a stale token sent out of habit must not turn it into a 401.
+    "SERVE_AUTHENTICATION": [],
     "COMPONENT_SPLIT_REQUEST": True,
     # A job's status and a worker's status are both "status": name each enum.
     "ENUM_NAME_OVERRIDES": {
@@ -264,6 +266,9 @@ LOGGING = {
 if not DEBUG:
     SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
     CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
+# Only behind a proxy that sets X-Forwarded-Proto itself: otherwise any client could claim
+# that its plain-HTTP request came over HTTPS.
+if env.bool("TRUST_X_FORWARDED_PROTO", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 # Access tokens are signed with their own key when one is given (rotating it logs everyone out
