@@ -139,6 +139,7 @@ class RevokeReason(models.TextChoices):
     REUSE_DETECTED = "reuse_detected", "A rotated token was presented again"
     USER_DEACTIVATED = "user_deactivated", "The user was deactivated"
     TENANT_DEACTIVATED = "tenant_deactivated", "The tenant was deactivated"
+    PASSWORD_CHANGED = "password_changed", "The password was changed"
 
 
 class RefreshToken(models.Model):

@@ -201,6 +201,20 @@ def user_deactivate(*, user: User, actor: User) -> User:
     return user
 
 
+@transaction.atomic
+def user_set_password(*, user: User, password: str) -> User:
+    """Give the user a new password (the validators apply) and end every session they had."""
+    user = User.objects.select_for_update().get(pk=user.pk)
+    try:
+        validate_password(password, user)
+    except DjangoValidationError as exc:
+        raise InvalidInput(details={"password": exc.messages}) from None
+    user.set_password(password)
+    user.save(update_fields=["password", "updated_at"])
+    _revoke(RefreshToken.objects.filter(user=user), RevokeReason.PASSWORD_CHANGED, timezone.now())
+    return user
+
+
 def normalize_email(email: str) -> str:
     """The login form of an email: trimmed and lower-cased (logins ignore case)."""
     return email.strip().lower()

@@ -180,3 +180,19 @@ def test_two_concurrent_refreshes_of_one_token_let_one_win_and_revoke_the_family
     # The winner's new token belongs to the family that reuse revoked.
     assert RefreshToken.objects.count() == 2
     assert not RefreshToken.objects.filter(revoked_at__isnull=True).exists()
+
+
+def test_a_new_password_ends_every_session_and_the_old_password(member):
+    from identity.services import refresh_token_rotate, user_login, user_set_password
+
+    pair = user_login(email=member.email, password=DEFAULT_PASSWORD)
+    user_set_password(user=member, password="a-brand-new-passphrase-2026")
+
+    with pytest.raises(DomainError):
+        refresh_token_rotate(token=pair.refresh_token)
+    assert RefreshToken.objects.filter(
+        user=member, revoke_reason=RevokeReason.PASSWORD_CHANGED
+    ).exists()
+    with pytest.raises(DomainError):
+        user_login(email=member.email, password=DEFAULT_PASSWORD)
+    assert user_login(email=member.email, password="a-brand-new-passphrase-2026").access_token

@@ -1,7 +1,8 @@
 """``manage.py seed_demo``: demo data for a first run, created once (idempotent).
 
 A tenant, its manager (with a password printed on creation and kept in
-``var/demo-login.txt``), a sector, and the ``greeter`` automation on the ``local``
+``var/demo-login.txt``; a checkout without that file gets the demo manager a new one), a
+sector, and the ``greeter`` automation on the ``local``
 provider, whose command is ``scripts/demo_automation.py``. Everything goes through the
 modules' services, so the events are recorded as for any other change.
 """
@@ -19,7 +20,7 @@ from django.db import transaction
 from automation.selectors import automation_get_by_slug
 from automation.services import automation_create
 from identity.models import Tenant, User
-from identity.services import tenant_create, user_register
+from identity.services import tenant_create, user_register, user_set_password
 from sector.models import Sector
 from sector.services import sector_create
 
@@ -39,16 +40,22 @@ class Command(BaseCommand):
         tenant = Tenant.objects.filter(slug=TENANT_SLUG).first() or tenant_create(
             name="Demo Organization", slug=TENANT_SLUG, actor=ACTOR
         )
-        if not User.objects.filter(email__iexact=MANAGER_EMAIL).exists():
+        manager = User.objects.filter(email__iexact=MANAGER_EMAIL).first()
+        if manager is None or not login_file.exists():
+            # A new demo manager, or one whose password this checkout never saw (the
+            # database outlived the checkout): either way a fresh password, shown once.
             password = secrets.token_urlsafe(12)
-            user_register(
-                tenant=tenant,
-                email=MANAGER_EMAIL,
-                password=password,
-                full_name="Demo Manager",
-                role=User.Role.MANAGER,
-                actor=ACTOR,
-            )
+            if manager is None:
+                user_register(
+                    tenant=tenant,
+                    email=MANAGER_EMAIL,
+                    password=password,
+                    full_name="Demo Manager",
+                    role=User.Role.MANAGER,
+                    actor=ACTOR,
+                )
+            else:
+                user_set_password(user=manager, password=password)
             login_file.parent.mkdir(parents=True, exist_ok=True)
             login_file.write_text(f"{MANAGER_EMAIL}\n{password}\n")
             login_file.chmod(0o600)
