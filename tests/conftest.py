@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 
+import pika
 import pytest
 import redis
 from django.conf import settings
@@ -47,6 +48,18 @@ def _own_cache_namespace(settings, redis_key_prefix):
 def _fast_password_hashing(settings):
     # The production hasher is slow on purpose; the suite hashes hundreds of passwords.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(scope="session")
+def exchange_name():
+    """A RabbitMQ exchange of this test session's own, deleted at its end."""
+    name = f"dom_med_test_{uuid.uuid4().hex[:8]}"
+    yield name
+    conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    try:
+        conn.channel().exchange_delete(name)
+    finally:
+        conn.close()
 
 
 @pytest.fixture

@@ -25,19 +25,6 @@ AUTOMATION_IDS = (5, 6, 77)
 DESTINATIONS = (*QUEUES, *(f"automation-{i}" for i in AUTOMATION_IDS))
 
 
-@pytest.fixture(scope="session")
-def exchange_name():
-    from django.conf import settings
-
-    name = f"dom_med_test_{uuid.uuid4().hex[:8]}"
-    yield name
-    conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-    try:
-        conn.channel().exchange_delete(name)
-    finally:
-        conn.close()
-
-
 @pytest.fixture(autouse=True)
 def broker_names(settings, exchange_name):
     base = settings.QUEUE_PREFIX

@@ -47,17 +47,6 @@ def test_catalog(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture(scope="session")
-def exchange_name():
-    name = f"dom_med_test_{uuid.uuid4().hex[:8]}"
-    yield name
-    conn = pika.BlockingConnection(pika.URLParameters(django_settings.RABBITMQ_URL))
-    try:
-        conn.channel().exchange_delete(name)
-    finally:
-        conn.close()
-
-
 @pytest.fixture(autouse=True)
 def worker_settings(settings, exchange_name, test_catalog):
     settings.QUEUE_PREFIX = f"{settings.QUEUE_PREFIX}{uuid.uuid4().hex[:6]}-"

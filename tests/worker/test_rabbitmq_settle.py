@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import threading
-import uuid
 
-import pika
 import pytest
 
 from relay.transports import consume_rabbitmq
@@ -14,17 +12,12 @@ from relay.transports.consume_rabbitmq import RabbitMQConsumer
 
 
 @pytest.fixture
-def consumer(settings):
-    settings.RABBITMQ_EXCHANGE = f"dom_med_settle_{uuid.uuid4().hex[:6]}"
+def consumer(settings, exchange_name):
+    settings.RABBITMQ_EXCHANGE = exchange_name
     consumer = RabbitMQConsumer()
     consumer.start([], prefetch=1)
     yield consumer
     consumer.close()
-    conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-    try:
-        conn.channel().exchange_delete(settings.RABBITMQ_EXCHANGE)
-    finally:
-        conn.close()
 
 
 def test_a_settlement_left_unanswered_raises_transport_unavailable(consumer, monkeypatch):
