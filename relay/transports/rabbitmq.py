@@ -409,8 +409,11 @@ class RabbitMQTransport(Transport):
     def _connection(self) -> _Connection:
         if self._conn is not None and self._conn.usable:
             return self._conn
-        if self._conn is not None:
+        if self._conn is not None and (self._conn.error or not self._conn.connection.is_open):
             logger.warning("RabbitMQ connection lost (%s); reconnecting", self._conn.error)
+        elif self._conn is not None:
+            # Silent for longer than half its heartbeat: replaced before use, as planned.
+            logger.debug("replacing a RabbitMQ connection idle past its heartbeat")
         self.close()
         try:
             self._conn = _Connection(connection_parameters())

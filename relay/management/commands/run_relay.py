@@ -82,8 +82,10 @@ class Command(BaseCommand):
         """Passes until nothing is due (or the broker is unreachable, or we are asked to stop)."""
         # A connection the database dropped while the relay was idle (a restart, a
         # terminated backend) is replaced here, not found dead by the first statement:
-        # with CONN_HEALTH_CHECKS, the first query after this checks it.
-        close_old_connections()
+        # with CONN_HEALTH_CHECKS, the first query after this checks it. Not inside a
+        # caller's transaction (a test, a shell): that connection is the caller's.
+        if not connection.in_atomic_block:
+            close_old_connections()
         if time.monotonic() - self._schedules_checked_at >= SCHEDULE_CHECK_INTERVAL:
             self.enqueue_due_schedules()
         while not self.shutdown and self.relay_one_batch():
