@@ -36,6 +36,18 @@ def test_dead_letters_lists_each_parked_message_with_its_error(broker, relay, st
     assert len(dead_letters("default")) == 2
 
 
+def test_dead_letters_counts_what_waits_not_what_it_listed(broker, relay, start_worker):
+    first, second = _park_two(start_worker)
+    out = StringIO()
+
+    call_command("dead_letters", "--queue", "default", "--limit", "1", stdout=out)
+
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("-dlq: 2 waiting (the first 1 listed)"), lines
+    assert len(lines) == 2 and (first in lines[1] or second in lines[1])
+    assert len(dead_letters("default")) == 2
+
+
 def test_dead_letters_sends_a_chosen_message_back_with_its_run_queued(broker, relay, start_worker):
     first, second = _park_two(start_worker)
 
