@@ -136,6 +136,8 @@ CACHES = {
 
 # --- Broker -------------------------------------------------------------------------------
 BROKER = env.choice("BROKER", ("rabbitmq", "sqs"), default="rabbitmq")
+# setup_broker (run by `make run` first) waits this long for a broker still starting.
+BROKER_WAIT_SECONDS = env.float("BROKER_WAIT_SECONDS", default=60.0, minimum=0)
 RABBITMQ_URL = env.url(
     "RABBITMQ_URL", default="amqp://guest:guest@127.0.0.1:5672/%2F", schemes=("amqp", "amqps")
 )

@@ -13,6 +13,7 @@ export PATH="$PWD/$BIN:$PATH"
 # Where the automation workers started here reach the API.
 export HUB_URL=${HUB_URL:-http://${HOST}:${PORT}}
 
+# Waits (BROKER_WAIT_SECONDS, 60) for a broker still starting, saying what it waits for.
 python manage.py setup_broker
 python manage.py seed_demo
 
