@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +22,39 @@ class HubError(Exception):
         self.status = status
         self.code = code
 
+    @property
+    def retryable(self) -> bool:
+        """The hub was unreachable, overloaded or failing: the same request may succeed
+        later. Any other answer (a refusal) will not change by sending it again."""
+        return self.status is None or self.status >= 500 or self.status == 429
+
+    @property
+    def credential_refused(self) -> bool:
+        """This worker's credential no longer works (rotated, or the worker retired)."""
+        return self.status == 401
+
 
 class ClaimRefused(HubError):
     """An expected refusal (already_claimed, concurrency_limit, not_pending)."""
+
+
+class Backoff:
+    """Pauses between attempts at a request to a hub that does not answer: doubling from
+    ``base`` up to ``cap`` seconds, each drawn between half and all of that (jitter, so
+    that many workers coming back together do not call the hub in step)."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base = base
+        self.cap = cap
+        self.attempts = 0
+
+    def next(self) -> float:
+        ceiling = min(self.cap, self.base * 2**self.attempts)
+        self.attempts += 1
+        return random.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempts = 0
 
 
 @dataclass(frozen=True)
