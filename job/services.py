@@ -26,7 +26,7 @@ from automation.selectors import automation_get
 from automation.services import worker_seen
 from common.errors import Conflict, InvalidInput, NotFound
 from common.jsondata import contains_nul
-from job.models import Job, JobEvent, JobStatus
+from job.models import Job, JobEvent, JobStatus, MonitorCycle
 from job.selectors import automations_with_jobs_pending_before, running_count
 from outbox.services import dispatch, publish
 
@@ -385,6 +385,42 @@ def job_settle_lost(*, job_id: int) -> Settlement:
             outcome = Settlement(job.status)
     logger.info("job %s: worker lost (attempt %s), %s", job_id, job.attempt, outcome)
     return outcome
+
+
+def jobs_renew_leases_after_outage(*, interval: float, margin: float) -> int:
+    """Give every running job a whole fresh lease if the monitor's previous cycle ended
+    more than ``interval + margin`` seconds ago. Returns how many leases were renewed.
+
+    A gap like that means the monitor was down, and with it, most likely, the hub: the
+    workers could not heartbeat, and settling their jobs now would fail them for the
+    hub's own outage. Their leases start again from now instead (never shortened); a
+    worker that is really gone is found when the new lease runs out. No record at all
+    (the monitor's first cycle ever) says nothing about an outage: nothing is renewed.
+    """
+    with transaction.atomic():
+        cycle = (
+            MonitorCycle.objects.select_for_update().filter(name=MonitorCycle.STUCK_JOBS).first()
+        )
+        now = timezone.now()
+        if cycle is None or now - cycle.ended_at <= timedelta(seconds=interval + margin):
+            return 0
+        renewed_until = now + lease_length()
+        renewed = Job.objects.filter(
+            status=JobStatus.RUNNING, lease_expires_at__lt=renewed_until
+        ).update(lease_expires_at=renewed_until, updated_at=now)
+    logger.warning(
+        "monitor: no cycle for %.0f s (the hub was down?): %s running jobs get a fresh lease",
+        (now - cycle.ended_at).total_seconds(),
+        renewed,
+    )
+    return renewed
+
+
+def monitor_cycle_ended() -> None:
+    """Record that a cycle of the stuck-job monitor just ended."""
+    MonitorCycle.objects.update_or_create(
+        name=MonitorCycle.STUCK_JOBS, defaults={"ended_at": timezone.now()}
+    )
 
 
 @transaction.atomic

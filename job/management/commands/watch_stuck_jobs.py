@@ -1,8 +1,11 @@
 """``manage.py watch_stuck_jobs``: rescue the jobs that got stuck, every 30 s.
 
-Each cycle, in three steps that each fail alone (logged, and the next step and the
-next cycle run anyway):
+Each cycle, in steps that each fail alone (logged, and the next step and the next
+cycle run anyway):
 
+0. after an outage (the previous cycle ended more than the interval plus a margin ago:
+   the monitor, and most likely the hub, was down), give every running job a whole
+   fresh lease: its worker could not heartbeat to a hub that was not there;
 1. power on again the machines of automations whose jobs have waited pending longer
    than ``MONITOR_PENDING_SECONDS``: one ``machines.power_on`` per automation;
 2. settle the running jobs whose lease expired (their worker stopped heartbeating):
@@ -32,16 +35,25 @@ from django.utils import timezone
 
 from automation.machines.services import machines_stop_idle
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
-from job.services import Settlement, job_settle_lost, jobs_resend_power_on
+from job.services import (
+    Settlement,
+    job_settle_lost,
+    jobs_renew_leases_after_outage,
+    jobs_resend_power_on,
+    monitor_cycle_ended,
+)
 
 logger = logging.getLogger("hubdommed.monitor")
 
 # Longest single sleep (seconds) between cycles: how long SIGTERM may wait.
 SLEEP_SLICE = 1.0
+# A gap between cycles longer than the interval plus this (at least) means an outage.
+OUTAGE_MARGIN_SECONDS = 10.0
 
 
 @dataclass
 class CycleCounts:
+    leases_renewed: int = 0
     powered_on: int = 0
     settled: Counter = field(default_factory=Counter)
     machines_stopped: int = 0
@@ -56,6 +68,11 @@ class CycleCounts:
             f"{self.settled[Settlement.ALIVE]} alive after all, "
             f"{self.settled['error']} errors; "
             f"{self.machines_stopped} idle machines stopped; {self.errors} step errors"
+            + (
+                f"; {self.leases_renewed} leases renewed after an outage"
+                if self.leases_renewed
+                else ""
+            )
         )
 
 
@@ -69,6 +86,7 @@ class Command(BaseCommand):
         super().__init__(*args, **kwargs)
         self._stop = threading.Event()
         self.cycles = 0
+        self.interval = settings.MONITOR_INTERVAL_SECONDS
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="run one cycle, then exit")
@@ -84,6 +102,12 @@ class Command(BaseCommand):
         return self._stop.is_set()
 
     # -- step methods (tested directly) --------------------------------------------------------
+
+    def renew_leases_after_outage(self) -> int:
+        """Step 0: a whole fresh lease for running jobs when the hub was down."""
+        return jobs_renew_leases_after_outage(
+            interval=self.interval, margin=max(OUTAGE_MARGIN_SECONDS, self.interval / 2)
+        )
 
     def power_on_for_pending(self) -> int:
         """Step 1: one power-on per automation with a job pending too long."""
@@ -115,6 +139,7 @@ class Command(BaseCommand):
     def run_cycle(self) -> CycleCounts:
         counts = CycleCounts()
         for step, keep in (
+            (self.renew_leases_after_outage, "leases_renewed"),
             (self.power_on_for_pending, "powered_on"),
             (self.settle_lost_jobs, "settled"),
             (self.stop_idle_machines, "machines_stopped"),
@@ -125,6 +150,11 @@ class Command(BaseCommand):
                 # The database or AWS away, or a bug: the other steps still run.
                 logger.exception("monitor step %s failed", step.__name__)
                 counts.errors += 1
+        try:
+            monitor_cycle_ended()
+        except Exception:
+            logger.exception("monitor could not record the end of its cycle")
+            counts.errors += 1
         self.cycles += 1
         logger.info(counts.line())
         return counts
@@ -135,6 +165,7 @@ class Command(BaseCommand):
         interval = settings.MONITOR_INTERVAL_SECONDS if interval is None else interval
         if interval <= 0:
             raise CommandError("--interval must be a positive number of seconds")
+        self.interval = interval
         logger.info(
             "monitor starting: every %gs; pending after %ss; ec2 idle after %ss",
             interval,
