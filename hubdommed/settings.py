@@ -210,6 +210,9 @@ JOB_OUTPUT_TAIL_MAX_CHARS = env.int("JOB_OUTPUT_TAIL_MAX_CHARS", default=16 * 10
 MONITOR_INTERVAL_SECONDS = env.float("MONITOR_INTERVAL_SECONDS", default=30.0, minimum=0.1)
 # A job pending longer than this gets its machine powered on again.
 MONITOR_PENDING_SECONDS = env.int("MONITOR_PENDING_SECONDS", default=3 * 60, minimum=1)
+# A worker not heard from for this long while its automation has jobs pending (at least as
+# long) is restarted through its machine's provider (crashed, hung, or a stale credential).
+MONITOR_WORKER_SILENT_SECONDS = env.int("MONITOR_WORKER_SILENT_SECONDS", default=60, minimum=1)
 # An ec2 machine not seen for this long, with no pending or running job, is stopped.
 MONITOR_EC2_IDLE_SECONDS = env.int("MONITOR_EC2_IDLE_SECONDS", default=15 * 60, minimum=1)
 

@@ -22,7 +22,7 @@ from django.utils import timezone
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
-from automation.selectors import automation_get
+from automation.selectors import automation_get, automations_with_silent_workers
 from automation.services import worker_seen
 from common.errors import Conflict, InvalidInput, NotFound
 from common.jsondata import contains_nul
@@ -34,6 +34,8 @@ logger = logging.getLogger("hubdommed.job")
 
 # The task that powers an automation's machine on (subscribed to JobCreated, in tasks.json).
 POWER_ON_TASK = "machines.power_on"
+# The task that restarts it (tasks.json).
+RESTART_TASK = "machines.restart"
 
 # Advisory-lock namespace of job claims (the first key of pg_advisory_xact_lock(int, int)).
 CLAIM_LOCK_NAMESPACE = 0x6A6F62  # "job"
@@ -408,6 +410,16 @@ def jobs_renew_leases_after_outage(*, interval: float, margin: float) -> int:
         renewed = Job.objects.filter(
             status=JobStatus.RUNNING, lease_expires_at__lt=renewed_until
         ).update(lease_expires_at=renewed_until, updated_at=now)
+        # A worker that stopped with the hub (make run's Ctrl-C stops local machines) left
+        # its outcome on its machine's disk: powered on again (idempotent), it reports it.
+        running_on = (
+            Job.objects.filter(status=JobStatus.RUNNING)
+            .order_by()
+            .values_list("automation_id", flat=True)
+            .distinct()
+        )
+        for automation_id in running_on:
+            dispatch(POWER_ON_TASK, {"automation_id": int(automation_id)})
     logger.warning(
         "monitor: no cycle for %.0f s (the hub was down?): %s running jobs get a fresh lease",
         (now - cycle.ended_at).total_seconds(),
@@ -421,6 +433,27 @@ def monitor_cycle_ended() -> None:
     MonitorCycle.objects.update_or_create(
         name=MonitorCycle.STUCK_JOBS, defaults={"ended_at": timezone.now()}
     )
+
+
+@transaction.atomic
+def jobs_restart_silent_workers(*, silent_since: datetime) -> list[int]:
+    """Dispatch ``machines.restart`` for the automations with a job pending since before
+    ``silent_since`` whose worker has not been heard from since then either. Returns
+    their ids.
+
+    A worker that runs polls the hub every few seconds: one silent that long while jobs
+    wait crashed, hung, or holds a credential that was rotated. The task restarts its
+    machine unless the worker speaks up meanwhile.
+    """
+    automation_ids = automations_with_silent_workers(
+        automations_with_jobs_pending_before(silent_since), silent_since=silent_since
+    )
+    for automation_id in automation_ids:
+        dispatch(
+            RESTART_TASK,
+            {"automation_id": int(automation_id), "silent_since": silent_since.isoformat()},
+        )
+    return automation_ids
 
 
 @transaction.atomic

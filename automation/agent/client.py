@@ -96,7 +96,10 @@ class HubClient:
         return [job["id"] for job in self._call("GET", "/worker/jobs", params={"limit": limit})]
 
     def claim(self, job_id: int) -> dict[str, Any]:
-        return self._call("POST", f"/jobs/{job_id}/start", refusal=ClaimRefused)
+        job = self._call("POST", f"/jobs/{job_id}/start", refusal=ClaimRefused)
+        if not isinstance(job, dict) or "claim_token" not in job:
+            raise HubError(f"POST /jobs/{job_id}/start: an answer without the claim")
+        return job
 
     def heartbeat(self, job_id: int, claim_token: str, progress: Any = None) -> dict[str, Any]:
         return self._call(
@@ -123,7 +126,11 @@ class HubClient:
         except requests.RequestException as exc:
             raise HubError(f"{method} {path}: hub unreachable: {exc}") from exc
         if response.status_code < 400:
-            return response.json() if response.content else None
+            try:
+                return response.json() if response.content else None
+            except ValueError as exc:
+                # An answer cut short (the hub or the network went away mid-answer).
+                raise HubError(f"{method} {path}: unreadable answer: {exc}") from exc
         try:
             error = response.json()["error"]
             code, message = error["code"], error["message"]

@@ -73,6 +73,7 @@ def test_an_outcome_the_hub_could_not_take_is_reported_once_it_answers(hub, tmp_
     thread = start(worker)
     try:
         wait_for(lambda: Job.objects.get(pk=job.pk).status == "running", timeout=15, what="claim")
+        time.sleep(0.3)  # the claim's answer on its way back
         hub.close()  # the hub goes away while the command runs
         wait_for(lambda: spool.pending(), timeout=15, what="the outcome on disk")
         time.sleep(1.0)  # a few reports refused meanwhile

@@ -6,8 +6,13 @@ cycle run anyway):
 0. after an outage (the previous cycle ended more than the interval plus a margin ago:
    the monitor, and most likely the hub, was down), give every running job a whole
    fresh lease: its worker could not heartbeat to a hub that was not there;
+   and power their machines on again (a worker that stopped with the hub reports the
+   outcome it kept on disk);
 1. power on again the machines of automations whose jobs have waited pending longer
-   than ``MONITOR_PENDING_SECONDS``: one ``machines.power_on`` per automation;
+   than ``MONITOR_PENDING_SECONDS``: one ``machines.power_on`` per automation; and
+   restart (``machines.restart``) the machines whose worker has not been heard from for
+   ``MONITOR_WORKER_SILENT_SECONDS`` while jobs wait that long (crashed, hung, or
+   holding a rotated-out credential);
 2. settle the running jobs whose lease expired (their worker stopped heartbeating):
    ``worker_lost``, or back to pending when the automation allows another attempt;
 3. stop the ``ec2`` machines idle for longer than ``MONITOR_EC2_IDLE_SECONDS``.
@@ -40,6 +45,7 @@ from job.services import (
     job_settle_lost,
     jobs_renew_leases_after_outage,
     jobs_resend_power_on,
+    jobs_restart_silent_workers,
     monitor_cycle_ended,
 )
 
@@ -55,6 +61,7 @@ OUTAGE_MARGIN_SECONDS = 10.0
 class CycleCounts:
     leases_renewed: int = 0
     powered_on: int = 0
+    workers_restarted: int = 0
     settled: Counter = field(default_factory=Counter)
     machines_stopped: int = 0
     errors: int = 0
@@ -62,6 +69,7 @@ class CycleCounts:
     def line(self) -> str:
         return (
             f"monitor cycle: power-on re-sent for {self.powered_on} automations; "
+            f"{self.workers_restarted} silent workers restarted; "
             f"lost workers: {self.settled[Settlement.FAILED]} failed, "
             f"{self.settled[Settlement.REQUEUED]} requeued, "
             f"{self.settled[Settlement.CANCELED]} canceled, "
@@ -114,6 +122,11 @@ class Command(BaseCommand):
         cutoff = timezone.now() - timedelta(seconds=settings.MONITOR_PENDING_SECONDS)
         return len(jobs_resend_power_on(pending_before=cutoff))
 
+    def restart_silent_workers(self) -> int:
+        """Step 1b: one restart per automation whose worker is silent while jobs wait."""
+        cutoff = timezone.now() - timedelta(seconds=settings.MONITOR_WORKER_SILENT_SECONDS)
+        return len(jobs_restart_silent_workers(silent_since=cutoff))
+
     def settle_lost_jobs(self) -> Counter:
         """Step 2: each running job whose lease expired, in its own transaction."""
         settled: Counter = Counter()
@@ -141,6 +154,7 @@ class Command(BaseCommand):
         for step, keep in (
             (self.renew_leases_after_outage, "leases_renewed"),
             (self.power_on_for_pending, "powered_on"),
+            (self.restart_silent_workers, "workers_restarted"),
             (self.settle_lost_jobs, "settled"),
             (self.stop_idle_machines, "machines_stopped"),
         ):
