@@ -290,6 +290,9 @@ AGENT_POLL_INTERVAL = env.float("AGENT_POLL_INTERVAL", default=5.0, minimum=0.05
 AGENT_IDLE_TIMEOUT = env.float("AGENT_IDLE_TIMEOUT", default=600.0, minimum=0)
 # The local provider's lock, pid and log files, one set per automation.
 LOCAL_MACHINES_DIR = env.str("LOCAL_MACHINES_DIR", default=str(BASE_DIR / "var" / "machines"))
+# Where seed_demo (run by `make run`) keeps the demo manager's login (default:
+# var/demo-login.txt in the checkout).
+DEMO_LOGIN_FILE = env.str("DEMO_LOGIN_FILE", default=str(BASE_DIR / "var" / "demo-login.txt"))
 # Where the automation worker keeps the outcomes the hub has not taken yet, on its machine's
 # disk (<dir>/<slug>.outcomes/); empty: LOCAL_MACHINES_DIR (a local machine's disk).
 AGENT_STATE_DIR = env.str("AGENT_STATE_DIR", default="")

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.django_db
 
 def seed(settings, base) -> str:
     settings.BASE_DIR = base
+    settings.DEMO_LOGIN_FILE = str(base / "var" / "demo-login.txt")
     out = io.StringIO()
     call_command("seed_demo", stdout=out)
     return out.getvalue()

@@ -37,7 +37,7 @@ class Command(BaseCommand):
 
     @transaction.atomic
     def handle(self, *args, **options) -> None:
-        login_file = Path(settings.BASE_DIR) / "var" / "demo-login.txt"
+        login_file = Path(settings.DEMO_LOGIN_FILE)
         tenant = Tenant.objects.filter(slug=TENANT_SLUG).first() or tenant_create(
             name="Demo Organization", slug=TENANT_SLUG, actor=ACTOR
         )
