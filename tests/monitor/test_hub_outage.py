@@ -71,3 +71,12 @@ def test_a_fresh_lease_never_shortens_a_longer_one(monitor, settings):
 
     job.refresh_from_db()
     assert job.lease_expires_at == far
+
+
+@pytest.mark.parametrize(("gap", "renewed"), [(32, 0), (40, 1)])
+def test_a_gap_past_the_interval_and_a_few_seconds_is_an_outage(monitor, lost, gap, renewed):
+    monitor.interval = 30
+    lost()
+    last_cycle_ended(gap)
+
+    assert monitor.run_cycle().leases_renewed == renewed

@@ -53,8 +53,9 @@ logger = logging.getLogger("hubdommed.monitor")
 
 # Longest single sleep (seconds) between cycles: how long SIGTERM may wait.
 SLEEP_SLICE = 1.0
-# A gap between cycles longer than the interval plus this (at least) means an outage.
-OUTAGE_MARGIN_SECONDS = 10.0
+# From the end of one cycle to the start of the next is at most the interval (less when a
+# cycle is slow); longer than the interval plus this, and the monitor was not running.
+OUTAGE_MARGIN_SECONDS = 5.0
 
 
 @dataclass
@@ -113,9 +114,7 @@ class Command(BaseCommand):
 
     def renew_leases_after_outage(self) -> int:
         """Step 0: a whole fresh lease for running jobs when the hub was down."""
-        return jobs_renew_leases_after_outage(
-            interval=self.interval, margin=max(OUTAGE_MARGIN_SECONDS, self.interval / 2)
-        )
+        return jobs_renew_leases_after_outage(interval=self.interval, margin=OUTAGE_MARGIN_SECONDS)
 
     def power_on_for_pending(self) -> int:
         """Step 1: one power-on per automation with a job pending too long."""
