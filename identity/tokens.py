@@ -7,6 +7,7 @@ services); access tokens are never stored, so they are kept short.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import uuid
 from dataclasses import dataclass
@@ -19,6 +20,10 @@ from django.utils import timezone
 ALGORITHM = "HS256"
 REFRESH_TOKEN_PREFIX = "hdr_"  # noqa: S105 (a prefix that makes leaked tokens easy to spot)
 TOKEN_TYPE = "access"  # noqa: S105 (a claim value, not a secret)
+# A user id as issued: ASCII digits, no sign, no leading zero, within PostgreSQL's bigint.
+# (``int()`` alone would also read " 1", fullwidth digits or "1_0", and overflow the column.)
+_USER_ID = re.compile(r"[1-9][0-9]{0,18}")
+_MAX_BIGINT = 2**63 - 1
 
 
 class InvalidAccessToken(Exception):
@@ -61,9 +66,25 @@ def decode_access_token(token: str) -> dict:
         raise InvalidAccessToken("The access token has expired.", code="token_expired") from None
     except jwt.PyJWTError:
         raise InvalidAccessToken("The access token is invalid.") from None
-    if claims.get("typ") != TOKEN_TYPE:
+    # The signature proves who made the token, not that its claims have the shape the code
+    # reads: each one is checked before anything uses it.
+    if claims.get("typ") != TOKEN_TYPE or token_user_id(claims) is None:
+        raise InvalidAccessToken("The access token is invalid.")
+    tenant_id = claims.get("tid")
+    if tenant_id is not None and (type(tenant_id) is not int or tenant_id < 1):
+        raise InvalidAccessToken("The access token is invalid.")
+    if not isinstance(claims.get("jti", ""), str):
         raise InvalidAccessToken("The access token is invalid.")
     return claims
+
+
+def token_user_id(claims: dict) -> int | None:
+    """The user id of the ``sub`` claim, or None when it is not one the hub issues."""
+    subject = claims.get("sub")
+    if not isinstance(subject, str) or not _USER_ID.fullmatch(subject):
+        return None
+    user_id = int(subject)
+    return user_id if user_id <= _MAX_BIGINT else None
 
 
 def _key() -> str:
