@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from common.errors import Conflict, DomainError, InvalidInput
+from identity.emails import normalize_email
 from identity.models import RefreshToken, RevokeReason, Tenant, User
 from identity.tokens import hash_refresh_token, issue_access_token, new_refresh_token
 from outbox.services import publish
@@ -140,7 +141,7 @@ def user_register(
         validate_password(password, user)
     except DjangoValidationError as exc:
         raise InvalidInput(details={"password": exc.messages}) from None
-    if User.objects.filter(email__iexact=email).exists():
+    if User.objects.filter(email=email).exists():
         raise _email_taken()
     user.set_password(password)
     try:
@@ -215,11 +216,6 @@ def user_set_password(*, user: User, password: str) -> User:
     return user
 
 
-def normalize_email(email: str) -> str:
-    """The login form of an email: trimmed and lower-cased (logins ignore case)."""
-    return email.strip().lower()
-
-
 def _email_taken() -> Conflict:
     return Conflict(
         "A user with this email already exists.",
@@ -237,7 +233,7 @@ def user_login(*, email: str, password: str) -> TokenPair:
     An unknown email and a wrong password give the same error after the same work
     (one password hash check), so neither the answer nor its timing tells them apart.
     """
-    user = User.objects.select_related("tenant").filter(email__iexact=email.strip()).first()
+    user = User.objects.select_related("tenant").filter(email=normalize_email(email)).first()
     if user is None:
         check_password(password, _dummy_password_hash())
         raise InvalidCredentials()
