@@ -19,8 +19,6 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
-from common.jsondata import contains_nul
-
 # PostgreSQL integer, the column type of PositiveIntegerField.
 MAX_INT = 2_147_483_647
 NAME_MAX_LENGTH = 200
@@ -112,8 +110,6 @@ def _schema_problem(schema: Any) -> str | None:
     # Job parameters are a JSON object, so their schema is an object schema document.
     if not isinstance(schema, dict):
         return "Must be a JSON Schema object (or null to accept any parameters)."
-    if contains_nul(schema):
-        return "Must not contain NUL characters (\\u0000)."
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

@@ -52,6 +52,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's and the API docs' static files from the application server itself.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before anything reads the session cookie, the query string or a form.
+    "common.middleware.UnstorableTextMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

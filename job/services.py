@@ -25,7 +25,6 @@ from referencing.exceptions import Unresolvable
 from automation.selectors import automation_get
 from automation.services import worker_seen
 from common.errors import Conflict, InvalidInput, NotFound
-from common.jsondata import contains_nul
 from job.models import Job, JobEvent, JobStatus
 from job.selectors import automations_with_jobs_pending_before, running_count
 from outbox.services import dispatch, publish
@@ -137,13 +136,6 @@ def _validate_params(params: Any, *, schema: dict[str, Any] | None) -> None:
             "The parameters must be a JSON object.",
             code="invalid_params",
             details={"params": ["Must be a JSON object."]},
-        )
-    if contains_nul(params):
-        # jsonb cannot store U+0000: refused here rather than failing at the INSERT.
-        raise InvalidInput(
-            "The parameters contain a NUL character (\\u0000).",
-            code="invalid_params",
-            details={"params": ["Must not contain NUL characters (\\u0000)."]},
         )
     size = json_size(params)
     if size > settings.JOB_PARAMS_MAX_BYTES:

@@ -6,6 +6,7 @@ the key proves who signed it, not that its claims are what the code expects.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import jwt
@@ -140,11 +141,17 @@ def test_a_malformed_worker_credential_is_a_401_invalid_token(api, credential):
 
 @pytest.mark.parametrize(
     "token",
-    ["", "x", "hdr_", "hdr_\u0000", "hdr_" + "x" * 300],
-    ids=["empty", "short", "prefix only", "nul", "long"],
+    ["", "x", "hdr_", "hdr_\u0000", "hdr_" + "x" * 300, "\ud800"],
+    ids=["empty", "short", "prefix only", "nul", "long", "lone surrogate"],
 )
 def test_a_malformed_refresh_token_is_refused_in_the_error_format(api, token):
-    response = api.post("/api/v1/auth/refresh", {"refresh_token": token}, format="json")
+    # Sent with JSON escapes, as a client sends a lone surrogate.
+    response = api.generic(
+        "POST",
+        "/api/v1/auth/refresh",
+        json.dumps({"refresh_token": token}),
+        content_type="application/json",
+    )
 
     assert response.status_code in (400, 401), response.content
     error_of(response, response.status_code)
