@@ -202,6 +202,11 @@ TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0, minimum=0)
 JOB_LEASE_SECONDS = env.int("JOB_LEASE_SECONDS", default=60, minimum=5)
 # Limits on what a job carries (bytes of compact JSON; characters of output kept).
 JOB_PARAMS_MAX_BYTES = env.int("JOB_PARAMS_MAX_BYTES", default=64 * 1024, minimum=2)
+# The most time checking one job's parameters against its automation's schema may take
+# (regular expressions included); past it the job is refused (409 automation_misconfigured).
+JOB_PARAMS_VALIDATION_SECONDS = env.float(
+    "JOB_PARAMS_VALIDATION_SECONDS", default=0.5, minimum=0.01
+)
 JOB_RESULT_MAX_BYTES = env.int("JOB_RESULT_MAX_BYTES", default=256 * 1024, minimum=2)
 JOB_OUTPUT_TAIL_MAX_CHARS = env.int("JOB_OUTPUT_TAIL_MAX_CHARS", default=16 * 1024, minimum=1)
 
