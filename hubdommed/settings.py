@@ -192,6 +192,10 @@ def _login_rate(var: str, default: str) -> str:
 
 
 # Login attempts allowed per client address and per email.
+# Seconds after a refresh during which the same refresh token, presented again, gets the
+# same successor pair (clients of one session refreshing at once) instead of counting as
+# reuse, which ends the session. 0: every second presentation is reuse.
+REFRESH_REUSE_GRACE_SECONDS = env.int("REFRESH_REUSE_GRACE_SECONDS", default=10, minimum=0)
 LOGIN_RATE_PER_IP = _login_rate("LOGIN_RATE_PER_IP", "20/minute")
 LOGIN_RATE_PER_EMAIL = _login_rate("LOGIN_RATE_PER_EMAIL", "5/minute")
 # How many proxies in front of the API append to X-Forwarded-For (0: use the peer address).
