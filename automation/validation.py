@@ -361,6 +361,35 @@ def _additional_properties(validator, additional, instance, schema):
         yield ValidationError(f"Additional properties are not allowed ({listed} unexpected)")
 
 
+def _unique_items(validator, unique, instance, schema):
+    # jsonschema compares unhashable items pairwise: quadratic, minutes on 64 KiB of small
+    # objects. Here each item gets a hashable form with the same equality (1 == 1.0, but
+    # true is not 1), so it is one pass.
+    if not unique or not validator.is_type(instance, "array"):
+        return
+    seen = set()
+    for item in instance:
+        key = _comparable(item)
+        if key in seen:
+            yield ValidationError(f"{instance!r} has non-unique elements")
+            return
+        seen.add(key)
+
+
+def _comparable(value: Any) -> Any:
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    if isinstance(value, int | float):
+        return ("number", value)
+    if isinstance(value, str):
+        return ("string", value)
+    if isinstance(value, list):
+        return ("array", tuple(_comparable(item) for item in value))
+    if isinstance(value, dict):
+        return ("object", frozenset((key, _comparable(item)) for key, item in value.items()))
+    return ("other", repr(value))
+
+
 def _within_deadline(keyword):
     def check(validator, value, instance, schema):
         _remaining()
@@ -379,5 +408,6 @@ _BoundedValidator = validators.extend(
         "pattern": _within_deadline(_pattern),
         "patternProperties": _within_deadline(_pattern_properties),
         "additionalProperties": _within_deadline(_additional_properties),
+        "uniqueItems": _within_deadline(_unique_items),
     },
 )

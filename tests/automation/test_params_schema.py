@@ -8,7 +8,7 @@ import json
 import pytest
 
 from automation.models import Automation
-from automation.validation import params_schema_problem
+from automation.validation import params_errors, params_schema_problem
 from job.models import Job
 from tests.automation.test_admin import CHANGELIST, form_data
 from tests.automation.test_api import payload
@@ -178,3 +178,42 @@ def test_the_same_pattern_still_validates_what_it_matches_quickly(member):
     assert accepted.status_code == 201, accepted.content
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "invalid_params"
+
+
+def test_unique_items_over_many_objects_is_checked_in_one_pass(member, settings):
+    # jsonschema's own check compares unhashable items pairwise: minutes for 64 KiB.
+    settings.JOB_PARAMS_MAX_BYTES = 64 * 1024
+    automation = _stored({"properties": {"x": {"uniqueItems": True}}})
+    client = client_of(member)
+    distinct = [{"a": n} for n in range(4000)]
+
+    accepted = client.post(
+        "/api/v1/jobs", {"automation": automation.pk, "params": {"x": distinct}}, format="json"
+    )
+    refused = client.post(
+        "/api/v1/jobs",
+        {"automation": automation.pk, "params": {"x": [*distinct, {"a": 7.0}]}},
+        format="json",
+    )
+
+    assert accepted.status_code == 201, accepted.content
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["error"]["code"] == "invalid_params"
+
+
+@pytest.mark.parametrize(
+    ("items", "unique"),
+    [
+        ([1, 1.0], False),
+        ([1, True], True),
+        ([0, False], True),
+        ([None, False], True),
+        ([{"a": [1, {"b": 2}]}, {"a": [1, {"b": 2.0}]}], False),
+        ([[1, 2], [2, 1]], True),
+        (["1", 1], True),
+    ],
+)
+def test_unique_items_keeps_json_schemas_equality(items, unique):
+    schema = {"properties": {"x": {"uniqueItems": True}}}
+
+    assert (params_errors({"x": items}, schema) == []) is unique

@@ -131,3 +131,14 @@ def test_the_normal_form_is_stable():
     for email in ["Isis@X.example", "\uff49\u017f\u0131s@x.example", "Stra\u00dfe@x.example"]:
         once = normalize_email(email)
         assert normalize_email(once) == once
+
+
+def test_the_normal_form_of_every_character_is_its_own_normal_form():
+    # What is stored is looked up by its own normal form: normalizing must be idempotent.
+    unstable = [
+        hex(code)
+        for code in range(0x110000)
+        if not 0xD800 <= code <= 0xDFFF
+        and normalize_email(normalize_email(chr(code))) != normalize_email(chr(code))
+    ]
+    assert unstable == []
