@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import json
 import re
 import time
 from collections.abc import Mapping
@@ -128,6 +129,7 @@ def _schema_problem(schema: Any) -> str | None:
 # bound holds for all of them. Everything else jsonschema does for one job is bounded by
 # a deadline checked at every keyword.
 
+SCHEMA_MAX_BYTES = 64 * 1024
 SCHEMA_MAX_SUBSCHEMAS = 1000
 SCHEMA_MAX_DEPTH = 40
 PATTERN_MAX_LENGTH = 1000
@@ -147,6 +149,9 @@ def params_schema_problem(schema: Any) -> str | None:
     # Job parameters are a JSON object, so their schema is an object schema document.
     if not isinstance(schema, dict):
         return "Must be a JSON Schema object (or null to accept any parameters)."
+    size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > SCHEMA_MAX_BYTES:
+        return f"At most {SCHEMA_MAX_BYTES} bytes of JSON (this one takes {size})."
     nodes, problem = _schema_nodes(schema)
     if problem:
         return problem
@@ -361,6 +366,17 @@ def _additional_properties(validator, additional, instance, schema):
         yield ValidationError(f"Additional properties are not allowed ({listed} unexpected)")
 
 
+def _enum(validator, enums, instance, schema):
+    # One keyword, many comparisons (a long enum, checked for every item of a long array):
+    # the deadline is checked as it goes.
+    for position, candidate in enumerate(enums):
+        if position % 256 == 255:
+            _remaining()
+        if _comparable(candidate) == _comparable(instance):
+            return
+    yield ValidationError(f"{instance!r} is not one of {enums!r}"[:500])
+
+
 def _unique_items(validator, unique, instance, schema):
     # jsonschema compares unhashable items pairwise: quadratic, minutes on 64 KiB of small
     # objects. Here each item gets a hashable form with the same equality (1 == 1.0, but
@@ -409,5 +425,6 @@ _BoundedValidator = validators.extend(
         "patternProperties": _within_deadline(_pattern_properties),
         "additionalProperties": _within_deadline(_additional_properties),
         "uniqueItems": _within_deadline(_unique_items),
+        "enum": _within_deadline(_enum),
     },
 )

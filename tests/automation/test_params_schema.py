@@ -217,3 +217,32 @@ def test_unique_items_keeps_json_schemas_equality(items, unique):
     schema = {"properties": {"x": {"uniqueItems": True}}}
 
     assert (params_errors({"x": items}, schema) == []) is unique
+
+
+def test_a_schema_over_the_size_limit_is_refused():
+    schema = {"enum": ["x" * 100] * 700}
+
+    assert "bytes" in params_schema_problem(schema)
+
+
+def test_a_long_enum_against_a_long_array_is_bounded(member, settings):
+    settings.JOB_PARAMS_VALIDATION_SECONDS = 0.05
+    automation = _stored({"properties": {"x": {"items": {"enum": list(range(5000))}}}})
+
+    response = client_of(member).post(
+        "/api/v1/jobs",
+        {"automation": automation.pk, "params": {"x": [-1] * 20000}},
+        format="json",
+    )
+
+    assert response.status_code in (400, 409), response.content
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("value", "valid"), [(1, True), (1.0, True), (True, False), ("1", False), ([1], True)]
+)
+def test_enum_keeps_json_schemas_equality(value, valid):
+    schema = {"properties": {"x": {"enum": [1, [1.0], None]}}}
+
+    assert (params_errors({"x": value}, schema) == []) is valid
