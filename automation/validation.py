@@ -8,6 +8,7 @@ means valid. Only the fields present are checked, so updates validate what they 
 from __future__ import annotations
 
 import contextvars
+import functools
 import itertools
 import json
 import re
@@ -295,7 +296,7 @@ def params_errors(params: dict[str, Any], schema: dict[str, Any] | None) -> list
     """
     if schema is None:
         return []
-    problem = params_schema_problem(schema)
+    problem = _stored_schema_problem(json.dumps(schema, sort_keys=True))
     if problem:
         raise UnusableSchema(problem)
     # An empty registry: a $ref is resolved inside the schema or not at all, never
@@ -313,6 +314,13 @@ def params_errors(params: dict[str, Any], schema: dict[str, Any] | None) -> list
         f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
         for error in errors
     ]
+
+
+@functools.lru_cache(maxsize=256)
+def _stored_schema_problem(canonical: str) -> str | None:
+    # Keyed by the schema's content: the checks cost milliseconds (the metaschema above
+    # all), and an automation's schema is the same for every job until it is changed.
+    return params_schema_problem(json.loads(canonical))
 
 
 class _OutOfTime(Exception):

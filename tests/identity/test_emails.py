@@ -142,3 +142,12 @@ def test_the_normal_form_of_every_character_is_its_own_normal_form():
         and normalize_email(normalize_email(chr(code))) != normalize_email(chr(code))
     ]
     assert unstable == []
+
+
+def test_the_admin_login_takes_any_spelling_of_the_address(client):
+    from tests.factories import PlatformAdminFactory
+
+    PlatformAdminFactory(email="root@x.example")
+
+    assert client.login(email="\uff32OOT@X.example", password=DEFAULT_PASSWORD)
+    assert not client.login(email="r\u0131oot@x.example", password=DEFAULT_PASSWORD)
