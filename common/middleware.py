@@ -1,8 +1,9 @@
 import re
 import uuid
 
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import JsonResponse
+from django.http.multipartparser import MultiPartParserError
 
 from common.api import error_body
 from common.context import reset_correlation_id, set_correlation_id
@@ -52,6 +53,12 @@ class UnstorableTextMiddleware:
         except RequestDataTooBig:
             return JsonResponse(
                 error_body("too_large", "The request body is too large."), status=413
+            )
+        except (MultiPartParserError, SuspiciousOperation):
+            # Too many fields or files, a broken multipart body: reading the form is this
+            # middleware's doing, so its refusals keep the error format.
+            return JsonResponse(
+                error_body("malformed_request", "The form body cannot be read."), status=400
             )
         if problem is not None:
             return JsonResponse(error_body("invalid", "The input is invalid.", problem), status=400)

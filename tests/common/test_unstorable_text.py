@@ -328,3 +328,33 @@ def test_the_error_names_where_the_text_is_without_repeating_it(world, text):
     details = response.json()["error"]["details"]
     assert list(details) == ["params"]
     assert "params/a/1/b" in details["params"][0]
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["multipart/form-data", "multipart/form-data; boundary=", "multipart/form-data; boundary=x"],
+)
+def test_a_malformed_form_body_is_a_4xx_not_a_500(world, content_type):
+    clients, _ = world
+
+    response = clients["manager"].generic(
+        "POST", "/api/v1/jobs", b"--x\r\nnot a part\r\n", content_type=content_type
+    )
+
+    assert 400 <= response.status_code < 500, response.content
+    assert set(response.json()["error"]) == {"code", "message", "details"}
+
+
+def test_too_many_form_fields_are_a_4xx_not_a_500(world, settings):
+    clients, _ = world
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 10
+
+    response = clients["manager"].generic(
+        "POST",
+        "/api/v1/jobs",
+        "&".join(f"f{n}=1" for n in range(20)),
+        content_type="application/x-www-form-urlencoded",
+    )
+
+    assert 400 <= response.status_code < 500, response.content
+    assert set(response.json()["error"]) == {"code", "message", "details"}

@@ -77,6 +77,9 @@ def test_a_well_formed_token_signed_with_the_key_opens_me(api, member):
         {"iat": "now"},
         {"iat": MISSING},
         {"iat": None},
+        {"iat": 4_102_444_800},  # issued in 2100
+        {"nbf": "soon"},
+        {"nbf": 4_102_444_800},
         {"tid": "one"},
         {"tid": [1]},
         {"tid": True},
