@@ -41,13 +41,13 @@ def check_broker() -> None:
     if settings.BROKER == "rabbitmq":
         import pika
 
-        from relay.transports.rabbitmq import connection_parameters
+        from broker.rabbitmq.publisher import connection_parameters
 
         params = connection_parameters()
         params.socket_timeout = params.stack_timeout = PROBE_TIMEOUT
         pika.BlockingConnection(params).close()
     else:
-        from relay.transports.sqs import sqs_client
+        from broker.sqs.publisher import sqs_client
 
         client = sqs_client(timeout=PROBE_TIMEOUT, attempts=1)
         client.list_queues(QueueNamePrefix=settings.QUEUE_PREFIX, MaxResults=1)
