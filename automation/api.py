@@ -299,7 +299,7 @@ class WorkerRotateCredentialApi(APIView):
 
 
 class WorkerAutomationSerializer(serializers.ModelSerializer):
-    command = CommandField()
+    command = CommandField(read_only=True)
 
     class Meta:
         model = Automation
@@ -308,8 +308,10 @@ class WorkerAutomationSerializer(serializers.ModelSerializer):
 
 
 class WorkerMeSerializer(serializers.Serializer):
-    worker = serializers.IntegerField(source="id", help_text="The worker's id.")
-    automation = WorkerAutomationSerializer(help_text="What this worker runs, and how.")
+    worker = serializers.IntegerField(source="id", read_only=True, help_text="The worker's id.")
+    automation = WorkerAutomationSerializer(
+        read_only=True, help_text="What this worker runs, and how."
+    )
 
 
 class WorkerMeApi(APIView):
