@@ -251,6 +251,14 @@ SPECTACULAR_SETTINGS = {
 # Error reports (the DEBUG page, error e-mails) hide URLs and credentials too.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "common.debug.ExceptionReporterFilter"
 
+# --- Readiness (/health/ready) -------------------------------------------------------------
+# Seconds one attempt of a dependency's check may take, and all its attempts together (an
+# orchestrator's probe timeout should be longer than the budget).
+HEALTH_CHECK_TIMEOUT = env.float("HEALTH_CHECK_TIMEOUT", default=2.5, minimum=0.05)
+HEALTH_READY_BUDGET = env.float("HEALTH_READY_BUDGET", default=6.0, minimum=0.1)
+# How long a dependency's success stands for the probes that follow (0: check every time).
+HEALTH_READY_CACHE_SECONDS = env.float("HEALTH_READY_CACHE_SECONDS", default=5.0, minimum=0)
+
 # --- Logging: one line per record, to stderr (the service manager collects it) ------------
 LOG_LEVEL = env.choice("LOG_LEVEL", ("debug", "info", "warning", "error"), default="info").upper()
 LOGGING = {
