@@ -12,9 +12,14 @@ from job.models import FailureReason, Job, JobStatus
 # --- people -------------------------------------------------------------------------------
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(serializers.JSONField):
+    """A job's parameters: always a JSON object (the database holds nothing else)."""
+
+
 class JobCreateInput(serializers.Serializer):
     automation = serializers.IntegerField(min_value=1)
-    params = serializers.JSONField(
+    params = JSONObjectField(
         required=False,
         default=dict,
         help_text="A JSON object; validated against the automation's parameter schema.",
@@ -87,7 +92,7 @@ class JobOutput(serializers.ModelSerializer):
     )
     cancel_requested = serializers.BooleanField(read_only=True)
     result = serializers.JSONField(allow_null=True, read_only=True)
-    params = serializers.JSONField(read_only=True)
+    params = JSONObjectField(read_only=True)
     progress = serializers.JSONField(allow_null=True, read_only=True)
     failure_reason = BlankAsNullChoiceField(
         choices=FailureReason.choices, help_text="Why the job failed; null unless it did."
@@ -137,7 +142,7 @@ class ClaimedJobOutput(serializers.ModelSerializer):
     """The job as its worker sees it: what to run and the claim to report with."""
 
     automation = serializers.IntegerField(source="automation_id", read_only=True)
-    params = serializers.JSONField(read_only=True)
+    params = JSONObjectField(read_only=True)
     cancel_requested = serializers.BooleanField(read_only=True)
 
     class Meta:

@@ -66,3 +66,13 @@ def test_each_operation_documents_the_errors_it_can_answer(schema, method, path,
     operation = schema["paths"][path][method.lower()]
     documented = {code for code in operation["responses"] if int(code) >= 400}
     assert documented == codes
+
+
+def test_what_is_always_an_object_or_may_be_null_is_documented_so(schema):
+    components = schema["components"]["schemas"]
+    for component in ("JobOutput", "ClaimedJobOutput", "JobCreateInputRequest"):
+        assert components[component]["properties"]["params"]["type"] == "object", component
+    job = components["JobOutput"]["properties"]
+    assert job["failure_reason"]["nullable"] is True
+    for nullable in ("requested_by", "result", "progress", "exit_code", "started_at"):
+        assert job[nullable]["nullable"] is True, nullable
