@@ -37,8 +37,9 @@ def debug(request, settings):
 
 @pytest.fixture
 def client():
-    # As a server answers: an exception becomes Django's response, it is not re-raised.
-    return Client(raise_request_exception=False)
+    # As a server answers: an exception becomes Django's response, it is not re-raised, and
+    # CSRF is checked.
+    return Client(raise_request_exception=False, enforce_csrf_checks=True)
 
 
 def assert_json_error(response, status: int, code: str | None = None) -> dict:
