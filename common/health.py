@@ -136,11 +136,15 @@ def _remote_check(name: str) -> Future:
             done.set_result(None)
             return done
         future = _in_flight.get(key)
-        if future is None:
+        started = future is None
+        if started:
             future = _executor.submit(_attempts, name, check)
             _in_flight[key] = future
-            future.add_done_callback(lambda finished: _settle(key, finished))
-        return future
+    if started:
+        # Outside the lock: a check that already ended runs this at once, in this thread,
+        # and _settle takes the lock.
+        future.add_done_callback(lambda finished: _settle(key, finished))
+    return future
 
 
 def _settle(key: tuple[str, Hashable], future: Future) -> None:

@@ -2,11 +2,12 @@ import logging
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
+from django.db import connection
 from django.test import Client, RequestFactory
 
 from common import health
@@ -164,7 +165,7 @@ def test_probes_at_the_same_time_share_one_broker_connection(probes):
         probes.RABBITMQ_URL = through(settings.RABBITMQ_URL, proxy)
         factory = RequestFactory()
         with ThreadPoolExecutor(max_workers=8) as pool:
-            answers = [pool.submit(health.ready, factory.get("/health/ready")) for _ in range(8)]
+            answers = [pool.submit(ready_in_this_thread, factory) for _ in range(8)]
             # Release the broker once the first probe's connection is waiting on it.
             wait_until(lambda: proxy.connections >= 1)
             release.set()
@@ -195,6 +196,15 @@ def test_a_failure_is_not_remembered(probes):
         assert Client().get("/health/ready").status_code == 200
 
 
+def ready_in_this_thread(factory: RequestFactory):
+    """A readiness probe served by the calling thread, as a server's thread would."""
+    try:
+        return health.ready(factory.get("/health/ready"))
+    finally:
+        # The thread's own database connection, which no request_finished closes here.
+        connection.close()
+
+
 def _hang_up():
     raise ConnectionAbortedError("refused on purpose")
 
@@ -204,3 +214,26 @@ def wait_until(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.01)
+
+
+def test_a_check_that_ends_before_the_probe_tracks_it_does_not_block(probes, monkeypatch):
+    # On a busy machine a check can end before the probe that started it has recorded it:
+    # then its completion runs in the probe's own thread, at once.
+    class AtOnce(Executor):
+        def submit(self, fn, /, *args, **kwargs):
+            future = Future()
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except Exception as exc:
+                future.set_exception(exc)
+            return future
+
+    monkeypatch.setattr(health, "_executor", AtOnce())
+    answers = []
+    probe = threading.Thread(
+        target=lambda: answers.append(ready_in_this_thread(RequestFactory())), daemon=True
+    )
+    probe.start()
+    probe.join(timeout=30)
+    assert not probe.is_alive(), "the probe is stuck"
+    assert answers[0].status_code == 200
