@@ -20,7 +20,6 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, serializers, status
-from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import CursorPagination, LimitOffsetPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
@@ -130,23 +129,6 @@ def not_found_view(request, exception=None):
 def server_error_view(request):
     """``handler500`` for errors outside DRF views."""
     return JsonResponse(error_body("internal_error", "An unexpected error occurred."), status=500)
-
-
-class JSONFallbackNegotiation(DefaultContentNegotiation):
-    """Honours ``Accept`` among the formats a view offers, and answers JSON when it names
-    none of them (``text/html``, ``application/xml``) rather than a 406.
-
-    HTTP lets a server disregard ``Accept``; a JSON answer is what every client of this
-    API can read, and a browser asking for HTML gets something to look at.
-    """
-
-    def select_renderer(self, request, renderers, format_suffix=None):
-        try:
-            return super().select_renderer(request, renderers, format_suffix)
-        except (exceptions.NotAcceptable, Http404):
-            # Http404: a ``?format=`` the view does not offer.
-            renderer = next((r for r in renderers if r.format == "json"), renderers[0])
-            return renderer, renderer.media_type
 
 
 class DefaultPagination(LimitOffsetPagination):

@@ -221,7 +221,7 @@ REST_FRAMEWORK = {
     # JSON only, DEBUG or not: the browsable API renders HTML forms that touch the views'
     # querysets and failed on some of them; /api/docs/ is the page for people.
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "common.api.JSONFallbackNegotiation",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "common.negotiation.JSONFallbackNegotiation",
     "DEFAULT_PARSER_CLASSES": ["common.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "common.schema.AutoSchema",
     "EXCEPTION_HANDLER": "common.api.exception_handler",

@@ -6,6 +6,10 @@ print settings and the environment) or DRF's browsable API. Errors keep the one 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from django.test import Client
 
@@ -140,3 +144,14 @@ def test_the_debug_page_of_other_paths_prints_no_url_or_credential(client, setti
     assert "Traceback" in page or "traceback" in page  # it is the debug page
     for secret in (*SECRETS, "header-secret-token", "db-secret-pw", "env-secret-pw"):
         assert secret not in page, secret
+
+
+def test_the_api_plumbing_may_be_the_first_to_import_drf():
+    # A middleware importing common.api is the first to import DRF's views, which read the
+    # negotiation class while defining APIView: that class must not live in common.api.
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "hubdommed.settings"}
+    code = "import django; django.setup(); import common.api, common.middleware"
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
