@@ -22,6 +22,20 @@ def worker_of_automation(automation_id: int) -> Worker | None:
     return Worker.objects.filter(automation_id=automation_id).first()
 
 
+def automations_with_silent_workers(automation_ids, *, silent_since) -> list[int]:
+    """Of ``automation_ids``, those whose active worker has not been heard from since
+    ``silent_since`` (nor started or restarted since: its row's ``updated_at``)."""
+    return list(
+        Worker.objects.filter(
+            automation_id__in=list(automation_ids), is_active=True, automation__is_active=True
+        )
+        .filter(Q(last_seen_at__isnull=True) | Q(last_seen_at__lt=silent_since))
+        .filter(updated_at__lt=silent_since)
+        .order_by("automation_id")
+        .values_list("automation_id", flat=True)
+    )
+
+
 def automation_get_with_worker(automation_id: int) -> Automation | None:
     return Automation.objects.select_related("worker").filter(pk=automation_id).first()
 

@@ -30,7 +30,7 @@ from automation.authentication import hash_credential, new_credential
 from automation.models import Automation, Worker
 from automation.validation import automation_errors, machine_errors
 from common.errors import Conflict, InvalidInput, NotFound
-from outbox.services import publish
+from outbox.services import dispatch, publish
 from sector.selectors import sector_lock_for_use
 
 UPDATABLE_FIELDS = frozenset(
@@ -211,12 +211,22 @@ def automation_deactivate(*, automation_id: int, actor: Any) -> Automation:
     return automation
 
 
+# The task that restarts an automation's machine (tasks.json).
+RESTART_TASK = "machines.restart"
+
+
 @transaction.atomic
-def worker_rotate_credential(*, automation_id: int, actor: Any) -> RotatedCredential:
+def worker_rotate_credential(
+    *, automation_id: int, actor: Any, restart_worker: bool = True
+) -> RotatedCredential:
     """Issue a new credential for the automation's worker; the old one stops working now.
 
     No event: the credential is a secret between the hub and the worker, and nothing
-    outside the hub reacts to it.
+    outside the hub reacts to it. A worker running with the old credential would be
+    refused from now on, so ``machines.restart`` is dispatched in the same transaction:
+    its machine is restarted (a ``local`` one with a fresh credential of its own) within
+    seconds. ``restart_worker=False`` is for the credential a power-on hands to the
+    worker it is starting.
     """
     automation = _locked(automation_id)
     automation.ensure_active()
@@ -233,6 +243,8 @@ def worker_rotate_credential(*, automation_id: int, actor: Any) -> RotatedCreden
             "updated_at",
         ]
     )
+    if restart_worker:
+        dispatch(RESTART_TASK, {"automation_id": automation.id})
     return RotatedCredential(worker=worker, credential=credential)
 
 

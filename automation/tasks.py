@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from automation.machines.services import machine_power_on
+from datetime import datetime
+
+from automation.machines.services import machine_power_on, machine_restart
 from common.errors import InvalidInput
 from outbox.runtime import TaskMessage, task
 from relay.topology import ensure_automation_queue
@@ -20,6 +22,23 @@ def _automation_id(message: TaskMessage) -> int:
 def power_on(message: TaskMessage) -> None:
     """Subscribed to JobCreated (and re-sent by the stuck-job monitor)."""
     machine_power_on(automation_id=_automation_id(message))
+
+
+@task("machines.restart")
+def restart(message: TaskMessage) -> None:
+    """Dispatched by a credential rotation (restart a running machine), and by the
+    stuck-job monitor for a worker silent while jobs wait (``silent_since``)."""
+    silent_since = message.payload.get("silent_since")
+    if silent_since is not None:
+        try:
+            silent_since = datetime.fromisoformat(silent_since)
+        except (TypeError, ValueError):
+            raise InvalidInput(f"{message.task}: silent_since is not a date") from None
+    machine_restart(
+        automation_id=_automation_id(message),
+        only_running=silent_since is None,
+        silent_since=silent_since,
+    )
 
 
 @task("automation.provision_queue")

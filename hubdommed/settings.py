@@ -139,6 +139,8 @@ CACHES = {
 
 # --- Broker -------------------------------------------------------------------------------
 BROKER = env.choice("BROKER", ("rabbitmq", "sqs"), default="rabbitmq")
+# setup_broker (run by `make run` first) waits this long for a broker still starting.
+BROKER_WAIT_SECONDS = env.float("BROKER_WAIT_SECONDS", default=60.0, minimum=0)
 RABBITMQ_URL = env.url(
     "RABBITMQ_URL", default="amqp://guest:guest@127.0.0.1:5672/%2F", schemes=("amqp", "amqps")
 )
@@ -211,6 +213,9 @@ JOB_OUTPUT_TAIL_MAX_CHARS = env.int("JOB_OUTPUT_TAIL_MAX_CHARS", default=16 * 10
 MONITOR_INTERVAL_SECONDS = env.float("MONITOR_INTERVAL_SECONDS", default=30.0, minimum=0.1)
 # A job pending longer than this gets its machine powered on again.
 MONITOR_PENDING_SECONDS = env.int("MONITOR_PENDING_SECONDS", default=3 * 60, minimum=1)
+# A worker not heard from for this long while its automation has jobs pending (at least as
+# long) is restarted through its machine's provider (crashed, hung, or a stale credential).
+MONITOR_WORKER_SILENT_SECONDS = env.int("MONITOR_WORKER_SILENT_SECONDS", default=60, minimum=1)
 # An ec2 machine not seen for this long, with no pending or running job, is stopped.
 MONITOR_EC2_IDLE_SECONDS = env.int("MONITOR_EC2_IDLE_SECONDS", default=15 * 60, minimum=1)
 
@@ -298,3 +303,11 @@ AGENT_POLL_INTERVAL = env.float("AGENT_POLL_INTERVAL", default=5.0, minimum=0.05
 AGENT_IDLE_TIMEOUT = env.float("AGENT_IDLE_TIMEOUT", default=600.0, minimum=0)
 # The local provider's lock, pid and log files, one set per automation.
 LOCAL_MACHINES_DIR = env.str("LOCAL_MACHINES_DIR", default=str(BASE_DIR / "var" / "machines"))
+# Where seed_demo (run by `make run`) keeps the demo manager's login (default:
+# var/demo-login.txt in the checkout).
+DEMO_LOGIN_FILE = env.str("DEMO_LOGIN_FILE", default=str(BASE_DIR / "var" / "demo-login.txt"))
+# Where the automation worker keeps the outcomes the hub has not taken yet, on its machine's
+# disk (<dir>/<slug>.outcomes/); empty: LOCAL_MACHINES_DIR (a local machine's disk).
+AGENT_STATE_DIR = env.str("AGENT_STATE_DIR", default="")
+# The longest pause between two attempts at reporting an outcome to a hub that is away.
+AGENT_REPORT_BACKOFF_MAX = env.float("AGENT_REPORT_BACKOFF_MAX", default=30.0, minimum=0.1)

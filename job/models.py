@@ -344,3 +344,19 @@ class Job(models.Model):
     def _finish(self, now: datetime) -> None:
         self.finished_at = now
         self.lease_expires_at = None
+
+
+class MonitorCycle(models.Model):
+    """When a daemon last finished a cycle: how the stuck-job monitor tells that it (and
+    so, most likely, the hub) was down, from the gap before its next cycle."""
+
+    STUCK_JOBS = "stuck_jobs"
+
+    name = models.TextField(primary_key=True)
+    ended_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "monitor_cycles"
+
+    def __str__(self) -> str:
+        return f"{self.name} ended {self.ended_at.isoformat()}"

@@ -22,11 +22,11 @@ from django.utils import timezone
 from referencing import Registry
 from referencing.exceptions import Unresolvable
 
-from automation.selectors import automation_get
+from automation.selectors import automation_get, automations_with_silent_workers
 from automation.services import worker_seen
 from common.errors import Conflict, InvalidInput, NotFound
 from common.jsondata import contains_nul
-from job.models import Job, JobEvent, JobStatus
+from job.models import Job, JobEvent, JobStatus, MonitorCycle
 from job.selectors import automations_with_jobs_pending_before, running_count
 from outbox.services import dispatch, publish
 
@@ -34,6 +34,8 @@ logger = logging.getLogger("hubdommed.job")
 
 # The task that powers an automation's machine on (subscribed to JobCreated, in tasks.json).
 POWER_ON_TASK = "machines.power_on"
+# The task that restarts it (tasks.json).
+RESTART_TASK = "machines.restart"
 
 # Advisory-lock namespace of job claims (the first key of pg_advisory_xact_lock(int, int)).
 CLAIM_LOCK_NAMESPACE = 0x6A6F62  # "job"
@@ -385,6 +387,73 @@ def job_settle_lost(*, job_id: int) -> Settlement:
             outcome = Settlement(job.status)
     logger.info("job %s: worker lost (attempt %s), %s", job_id, job.attempt, outcome)
     return outcome
+
+
+def jobs_renew_leases_after_outage(*, interval: float, margin: float) -> int:
+    """Give every running job a whole fresh lease if the monitor's previous cycle ended
+    more than ``interval + margin`` seconds ago. Returns how many leases were renewed.
+
+    A gap like that means the monitor was down, and with it, most likely, the hub: the
+    workers could not heartbeat, and settling their jobs now would fail them for the
+    hub's own outage. Their leases start again from now instead (never shortened); a
+    worker that is really gone is found when the new lease runs out. No record at all
+    (the monitor's first cycle ever) says nothing about an outage: nothing is renewed.
+    """
+    with transaction.atomic():
+        cycle = (
+            MonitorCycle.objects.select_for_update().filter(name=MonitorCycle.STUCK_JOBS).first()
+        )
+        now = timezone.now()
+        if cycle is None or now - cycle.ended_at <= timedelta(seconds=interval + margin):
+            return 0
+        renewed_until = now + lease_length()
+        renewed = Job.objects.filter(
+            status=JobStatus.RUNNING, lease_expires_at__lt=renewed_until
+        ).update(lease_expires_at=renewed_until, updated_at=now)
+        # A worker that stopped with the hub (make run's Ctrl-C stops local machines) left
+        # its outcome on its machine's disk: powered on again (idempotent), it reports it.
+        running_on = (
+            Job.objects.filter(status=JobStatus.RUNNING)
+            .order_by()
+            .values_list("automation_id", flat=True)
+            .distinct()
+        )
+        for automation_id in running_on:
+            dispatch(POWER_ON_TASK, {"automation_id": int(automation_id)})
+    logger.warning(
+        "monitor: no cycle for %.0f s (the hub was down?): %s running jobs get a fresh lease",
+        (now - cycle.ended_at).total_seconds(),
+        renewed,
+    )
+    return renewed
+
+
+def monitor_cycle_ended() -> None:
+    """Record that a cycle of the stuck-job monitor just ended."""
+    MonitorCycle.objects.update_or_create(
+        name=MonitorCycle.STUCK_JOBS, defaults={"ended_at": timezone.now()}
+    )
+
+
+@transaction.atomic
+def jobs_restart_silent_workers(*, silent_since: datetime) -> list[int]:
+    """Dispatch ``machines.restart`` for the automations with a job pending since before
+    ``silent_since`` whose worker has not been heard from since then either. Returns
+    their ids.
+
+    A worker that runs polls the hub every few seconds: one silent that long while jobs
+    wait crashed, hung, or holds a credential that was rotated. The task restarts its
+    machine unless the worker speaks up meanwhile.
+    """
+    automation_ids = automations_with_silent_workers(
+        automations_with_jobs_pending_before(silent_since), silent_since=silent_since
+    )
+    for automation_id in automation_ids:
+        dispatch(
+            RESTART_TASK,
+            {"automation_id": int(automation_id), "silent_since": silent_since.isoformat()},
+        )
+    return automation_ids
 
 
 @transaction.atomic

@@ -2,7 +2,9 @@
 
 Both run inside the caller's transaction and write everything the change
 causes: the outbox row(s), their ``task_runs`` rows (``queued``) and, for an
-event, its row in the ``events`` trail. If the caller's transaction rolls
+event, its row in the ``events`` trail. A message addressed to an automation's own
+worker gets no ``task_runs`` row: that worker has no database and never settles a
+run, which would stay ``queued`` forever. If the caller's transaction rolls
 back, none of it exists; if it commits, all of it does. Only the Redis wake
 signal waits for the commit (``transaction.on_commit``).
 
@@ -155,7 +157,7 @@ def _write_runs(
     available_at = _available_at(delay)
     model = OutboxMessage if tenant_id is not None else PlatformOutboxMessage
 
-    messages, runs = [], []
+    messages, runs, run_ids = [], [], []
     for spec in specs:
         run_id = uuid.uuid4()
         envelope = {
@@ -181,6 +183,9 @@ def _write_runs(
         if tenant_id is not None:
             row.tenant_id = tenant_id
         messages.append(row)
+        run_ids.append(run_id)
+        if spec.destination == "automation":
+            continue  # settled by nobody: see the module's docstring
         runs.append(
             TaskRun(
                 run_id=run_id,
@@ -195,7 +200,7 @@ def _write_runs(
     TaskRun.objects.bulk_create(runs)
     model.objects.bulk_create(messages)
     signal_relay_on_commit()
-    return [run.run_id for run in runs]
+    return run_ids
 
 
 def _destination(spec: TaskSpec, payload: Mapping[str, Any]) -> str:

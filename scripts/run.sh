@@ -13,6 +13,7 @@ export PATH="$PWD/$BIN:$PATH"
 # Where the automation workers started here reach the API.
 export HUB_URL=${HUB_URL:-http://${HOST}:${PORT}}
 
+# Waits (BROKER_WAIT_SECONDS, 60) for a broker still starting, saying what it waits for.
 python manage.py setup_broker
 python manage.py seed_demo
 
@@ -29,4 +30,7 @@ stop_local_machines() {
 trap stop_local_machines EXIT
 
 echo "Hub DomMed API listening on http://${HOST}:${PORT}/ (docs: http://${HOST}:${PORT}/api/docs/)"
-honcho start --no-colour -f Procfile
+# No env file for honcho: it would override the real environment with .env (a PORT or
+# DATABASE_URL given on the command line ignored); the processes read .env themselves,
+# where the real environment wins.
+honcho start --no-colour -f Procfile -e /dev/null

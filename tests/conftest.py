@@ -15,6 +15,14 @@ from django.conf import settings
 
 from tests.aws import moto_endpoint  # noqa: F401
 from tests.factories import PlatformAdminFactory, TenantFactory, UserFactory
+from tests.private_services import (  # noqa: F401
+    migrated_database,
+    private_postgres,
+    private_rabbitmq,
+    private_rabbitmq_factory,
+    private_redis,
+    running_private_rabbitmq,
+)
 
 
 @pytest.fixture(scope="session")

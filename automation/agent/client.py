@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +22,39 @@ class HubError(Exception):
         self.status = status
         self.code = code
 
+    @property
+    def retryable(self) -> bool:
+        """The hub was unreachable, overloaded or failing: the same request may succeed
+        later. Any other answer (a refusal) will not change by sending it again."""
+        return self.status is None or self.status >= 500 or self.status == 429
+
+    @property
+    def credential_refused(self) -> bool:
+        """This worker's credential no longer works (rotated, or the worker retired)."""
+        return self.status == 401
+
 
 class ClaimRefused(HubError):
     """An expected refusal (already_claimed, concurrency_limit, not_pending)."""
+
+
+class Backoff:
+    """Pauses between attempts at a request to a hub that does not answer: doubling from
+    ``base`` up to ``cap`` seconds, each drawn between half and all of that (jitter, so
+    that many workers coming back together do not call the hub in step)."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
+        self.base = base
+        self.cap = cap
+        self.attempts = 0
+
+    def next(self) -> float:
+        ceiling = min(self.cap, self.base * 2**self.attempts)
+        self.attempts += 1
+        return random.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempts = 0
 
 
 @dataclass(frozen=True)
@@ -65,7 +96,10 @@ class HubClient:
         return [job["id"] for job in self._call("GET", "/worker/jobs", params={"limit": limit})]
 
     def claim(self, job_id: int) -> dict[str, Any]:
-        return self._call("POST", f"/jobs/{job_id}/start", refusal=ClaimRefused)
+        job = self._call("POST", f"/jobs/{job_id}/start", refusal=ClaimRefused)
+        if not isinstance(job, dict) or "claim_token" not in job:
+            raise HubError(f"POST /jobs/{job_id}/start: an answer without the claim")
+        return job
 
     def heartbeat(self, job_id: int, claim_token: str, progress: Any = None) -> dict[str, Any]:
         return self._call(
@@ -92,7 +126,11 @@ class HubClient:
         except requests.RequestException as exc:
             raise HubError(f"{method} {path}: hub unreachable: {exc}") from exc
         if response.status_code < 400:
-            return response.json() if response.content else None
+            try:
+                return response.json() if response.content else None
+            except ValueError as exc:
+                # An answer cut short (the hub or the network went away mid-answer).
+                raise HubError(f"{method} {path}: unreadable answer: {exc}") from exc
         try:
             error = response.json()["error"]
             code, message = error["code"], error["message"]

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from automation.agent.client import HubClient, HubError
+from automation.agent.client import Backoff, HubClient, HubError
 
 logger = logging.getLogger("hubdommed.agent")
 
@@ -105,6 +105,9 @@ def run_claimed_job(
     output = OutputTail(process.stdout)
     deadline = time.monotonic() + timeout_seconds
     next_beat = time.monotonic() + heartbeat_interval
+    # A beat the hub did not answer is tried again sooner than the next one is due, so
+    # that a short outage of the hub costs the lease as little as possible.
+    backoff = Backoff(base=0.5, cap=heartbeat_interval)
     stop_reason = ""
     while True:
         # Short waits: a shutdown must not wait for the next heartbeat to be noticed.
@@ -132,8 +135,11 @@ def run_claimed_job(
                     return Outcome(
                         False, reason="error", claim_lost=True, output_tail=output.text()
                     )
+                if exc.retryable:
+                    next_beat = now + min(heartbeat_interval, backoff.next())
                 logger.warning("job %s: heartbeat failed, will retry: %s", job_id, exc)
             else:
+                backoff.reset()
                 if beat.get("cancel_requested"):
                     stop_reason = "canceled"
         if stop_reason:

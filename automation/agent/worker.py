@@ -6,6 +6,14 @@ poll of the hub. A refused claim is normal (another worker got there first, or t
 automation is at its limit). The worker never runs more jobs at once than its
 automation allows, shuts down cleanly on SIGTERM within a stop budget, and exits after
 an idle time (a local machine powering off).
+
+An outcome is never dropped: it is kept on the machine's disk (``OutcomeSpool``) before
+the first attempt to report it, and the report is tried again, with growing pauses,
+while the hub is unreachable or failing (5xx, 429); a shutdown stops trying once its stop
+budget is spent and leaves the outcome on disk, which the next worker on the machine
+reports before anything else. A 401 means the credential was rotated: the worker stops
+taking jobs and exits (keeping any outcome on disk), so that its machine's provider
+starts one with the new credential.
 """
 
 from __future__ import annotations
@@ -18,8 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from automation.agent.client import AutomationInfo, ClaimRefused, HubClient, HubError
+from automation.agent.client import AutomationInfo, Backoff, ClaimRefused, HubClient, HubError
 from automation.agent.executor import Outcome, run_claimed_job
+from automation.agent.spool import OutcomeSpool, Report
 from relay.transports.consume import BadMessage
 
 logger = logging.getLogger("hubdommed.agent")
@@ -32,6 +41,8 @@ class AgentStats:
     succeeded: int = 0
     failed: int = 0
     lost: int = 0
+    # Outcomes reported from the disk, kept by an earlier worker on this machine.
+    recovered: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -45,8 +56,14 @@ class AutomationWorker:
         idle_timeout: float | None = None,
         stop_budget: float = 30.0,
         heartbeat_interval: float | None = None,
+        spool: OutcomeSpool | None = None,
+        report_backoff_cap: float = 30.0,
     ) -> None:
         self.client = client
+        self.spool = spool
+        self.report_backoff_cap = report_backoff_cap
+        # Set when the hub refuses the credential: this worker can do nothing more.
+        self.credential_refused = False
         self.automation = automation
         self.poll_interval = poll_interval
         self.idle_timeout = idle_timeout
@@ -83,6 +100,7 @@ class AutomationWorker:
         """
         next_poll = 0.0
         released = False
+        self.report_spooled()
         while not self.shutdown.is_set():
             if time.monotonic() >= next_poll:
                 self.poll_once()
@@ -100,10 +118,42 @@ class AutomationWorker:
         self._drain()
         return self.stats
 
+    def report_spooled(self) -> int:
+        """Report, first of all, the outcomes an earlier worker left on this machine's disk
+        (each on a thread of its own, retrying while the hub does not answer)."""
+        if self.spool is None:
+            return 0
+        reports = self.spool.pending()
+        for report in reports:
+            job_id = int(report["job_id"])
+            logger.info("job %s: reporting the outcome kept on disk", job_id)
+            thread = threading.Thread(
+                target=self._report_spooled, args=(report,), name=f"spooled-{job_id}"
+            )
+            with self._queued_lock:
+                self._running[job_id] = thread
+            thread.start()
+        return len(reports)
+
+    def _report_spooled(self, report: Report) -> None:
+        job_id = int(report["job_id"])
+        try:
+            if self._deliver(report):
+                self.stats.recovered += 1
+        except Exception as exc:
+            logger.exception("job %s: unexpected error reporting the kept outcome", job_id)
+            self.stats.errors.append(f"{job_id}: {exc}")
+        finally:
+            with self._queued_lock:
+                self._running.pop(job_id, None)
+            self._last_activity = time.monotonic()
+
     def poll_once(self) -> int:
         try:
             job_ids = self.client.pending_jobs(limit=max(20, self.automation.max_concurrency * 4))
         except HubError as exc:
+            if exc.credential_refused:
+                self._refused(exc)
             logger.warning("poll failed, will try again: %s", exc)
             return 0
         for job_id in job_ids:
@@ -130,6 +180,8 @@ class AutomationWorker:
             return False
         except HubError as exc:
             self._slots.release()
+            if exc.credential_refused:
+                self._refused(exc)
             logger.warning("job %s: claim failed, the poll will offer it again: %s", job_id, exc)
             return False
         self.stats.claimed += 1
@@ -162,39 +214,77 @@ class AutomationWorker:
             self._slots.release()
 
     def _report(self, job: dict, outcome: Outcome) -> None:
-        job_id, token = job["id"], str(job["claim_token"])
         if outcome.claim_lost:
             self.stats.lost += 1
             return
-        try:
-            if outcome.succeeded:
-                self.client.complete(
+        report = report_of(job, outcome)
+        if self.spool is not None:
+            # Before the first attempt: from now on a crash or a stop cannot lose it.
+            self.spool.put(report)
+        self._deliver(report)
+
+    def _deliver(self, report: Report) -> bool:
+        """Send the report until the hub answers; True if it took it.
+
+        Tried again while the hub is unreachable or failing; a shutdown gives up once its
+        stop budget is spent (the outcome stays on disk). A refusal is final: the outcome
+        leaves the disk, except a refused credential's (the next worker reports it).
+        """
+        job_id, token, kind = int(report["job_id"]), str(report["claim_token"]), report["kind"]
+        send = self.client.complete if kind == "complete" else self.client.fail
+        backoff = Backoff(base=0.5, cap=self.report_backoff_cap)
+        while True:
+            try:
+                send(job_id, token, **report["body"])
+            except HubError as exc:
+                if exc.credential_refused:
+                    self._refused(exc)
+                    logger.error(
+                        "job %s: the hub refused this worker's credential; the outcome stays "
+                        "on disk for the next worker: %s",
+                        job_id,
+                        exc,
+                    )
+                    return False
+                if not exc.retryable:
+                    logger.error("job %s: the hub refused the outcome for good: %s", job_id, exc)
+                    self.stats.errors.append(f"{job_id}: {exc}")
+                    self._forget(report)
+                    return False
+                pause = backoff.next()
+                logger.warning(
+                    "job %s: could not report the outcome yet, trying again in %.1f s: %s",
                     job_id,
-                    token,
-                    result={"exit_code": outcome.exit_code},
-                    output_tail=outcome.output_tail,
-                    exit_code=outcome.exit_code,
+                    pause,
+                    exc,
                 )
+                # Stopping, with the stop budget spent: keep it on disk for the next start.
+                if self.stopping_jobs.wait(pause):
+                    logger.warning(
+                        "job %s: stopping; the outcome stays on disk for the next start", job_id
+                    )
+                    return False
+                continue
+            self._forget(report)
+            if kind == "complete":
                 self.stats.succeeded += 1
                 logger.info("job %s succeeded", job_id)
             else:
-                self.client.fail(
-                    job_id,
-                    token,
-                    # The hub turns a failure of a job being canceled into "canceled".
-                    reason=outcome.reason
-                    if outcome.reason in ("exit_code", "timeout")
-                    else "error",
-                    error=outcome.error,
-                    output_tail=outcome.output_tail,
-                    exit_code=outcome.exit_code,
-                )
                 self.stats.failed += 1
-                logger.info("job %s failed: %s", job_id, outcome.error)
-        except HubError as exc:
-            # The lease runs out and the monitor settles the job; nothing else to do.
-            logger.error("job %s: could not report the outcome: %s", job_id, exc)
-            self.stats.errors.append(f"{job_id}: {exc}")
+                logger.info("job %s failed: %s", job_id, report["body"].get("error", ""))
+            return True
+
+    def _forget(self, report: Report) -> None:
+        if self.spool is not None:
+            self.spool.remove(report)
+
+    def _refused(self, exc: HubError) -> None:
+        """The credential was rotated (or the worker retired): stop taking jobs and exit,
+        so that the machine's provider starts a worker with the new credential."""
+        if not self.credential_refused:
+            logger.error("the hub refuses this worker's credential; the worker stops: %s", exc)
+        self.credential_refused = True
+        self.shutdown.set()
 
     def _heartbeat_interval(self, job: dict) -> float:
         """A third of the lease the claim granted, so two beats can be missed safely."""
@@ -225,6 +315,30 @@ class AutomationWorker:
             self.stopping_jobs.set()
             for thread in list(self._running.values()):
                 thread.join(30)
+
+
+def report_of(job: dict, outcome: Outcome) -> Report:
+    """The request that reports ``outcome`` of the claimed ``job``, as kept on disk."""
+    if outcome.succeeded:
+        body = {
+            "result": {"exit_code": outcome.exit_code},
+            "output_tail": outcome.output_tail,
+            "exit_code": outcome.exit_code,
+        }
+    else:
+        body = {
+            # The hub turns a failure of a job being canceled into "canceled".
+            "reason": outcome.reason if outcome.reason in ("exit_code", "timeout") else "error",
+            "error": outcome.error,
+            "output_tail": outcome.output_tail,
+            "exit_code": outcome.exit_code,
+        }
+    return {
+        "job_id": int(job["id"]),
+        "claim_token": str(job["claim_token"]),
+        "kind": "complete" if outcome.succeeded else "fail",
+        "body": body,
+    }
 
 
 class JobOfferProcessor:

@@ -17,6 +17,10 @@ class PowerOn(StrEnum):
     ALREADY_RUNNING = "already_running"  # nothing to do
 
 
+class MachineBusy(RuntimeError):
+    """The machine did not stop in time to be restarted: try again later."""
+
+
 class MachineProvider(ABC):
     name: str
 
@@ -29,6 +33,13 @@ class MachineProvider(ABC):
         it (a rotation makes the previous credential stop working). A cloud machine
         keeps the one it was provisioned with.
         """
+
+    @abstractmethod
+    def restart(self, worker, *, issue_credential: Callable[[], str] | None = None) -> PowerOn:
+        """Stop the worker's machine if it runs, then start it again: its worker crashed,
+        hung, or holds a credential that was rotated. ``issue_credential`` as for
+        ``power_on``. Raises ``MachineBusy`` when the machine would not stop in time (the
+        caller tries again later)."""
 
     @abstractmethod
     def power_off(self, worker) -> None:

@@ -40,6 +40,16 @@ class Ec2Provider(MachineProvider):
         client.start_instances(InstanceIds=[worker.machine_id])
         return PowerOn.STARTED
 
+    def restart(self, worker, *, issue_credential: Callable[[], str] | None = None) -> PowerOn:
+        """A reboot: the instance's worker starts again with the credential the machine is
+        configured with. The hub cannot hand a new credential to an EC2 machine: after a
+        rotation, whoever provisions the instance installs the new one."""
+        client = self.client(worker)
+        if self._state(client, worker) != MachineState.RUNNING:
+            return self.power_on(worker, issue_credential=issue_credential)
+        client.reboot_instances(InstanceIds=[worker.machine_id])
+        return PowerOn.STARTED
+
     def power_off(self, worker) -> None:
         client = self.client(worker)
         if self._state(client, worker) in (MachineState.RUNNING,):

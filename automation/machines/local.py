@@ -4,6 +4,9 @@ Only one worker process runs per automation. The provider takes an exclusive ``f
 on ``<LOCAL_MACHINES_DIR>/<slug>.lock`` and hands that very lock to the process it starts
 (an inherited file descriptor), so the lock is held exactly as long as the worker lives:
 a crash releases it, and two concurrent power-ons cannot both start one.
+
+A restart sends SIGTERM to the worker (its pid file names it), waits for the lock to be
+let go (the worker's stop budget, then SIGKILL), and powers on with a fresh credential.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
 
-from automation.machines.base import MachineProvider, MachineState, PowerOn
+from automation.machines.base import MachineBusy, MachineProvider, MachineState, PowerOn
 
 LOCK_FD_ENV = "HUBDOMMED_MACHINE_LOCK_FD"
+# After SIGTERM, a worker lets running commands finish within its stop budget, then stops
+# them (KILL_GRACE_SECONDS of the executor): this much more before it is killed.
+STOP_MARGIN_SECONDS = 10.0
 
 
 class LocalProvider(MachineProvider):
@@ -77,8 +84,31 @@ class LocalProvider(MachineProvider):
             log.close()
         (directory / f"{slug}.pid").write_text(str(process.pid))
 
+    def restart(self, worker, *, issue_credential: Callable[[], str] | None = None) -> PowerOn:
+        if self.state(worker) == MachineState.RUNNING:
+            pid = self._worker_pid(worker.automation.slug)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+            patience = settings.WORKER_STOP_BUDGET + STOP_MARGIN_SECONDS
+            if not self._wait_stopped(worker, patience) and pid is not None:
+                # Hung: its own session, so its process group is its pid.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            if not self._wait_stopped(worker, 5.0):
+                raise MachineBusy(f"the worker of {worker.automation.slug} would not stop")
+        return self.power_on(worker, issue_credential=issue_credential)
+
+    def _wait_stopped(self, worker, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while self.state(worker) == MachineState.RUNNING:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
     def power_off(self, worker) -> None:
-        pid = self._pid(worker.automation.slug)
+        pid = self._worker_pid(worker.automation.slug)
         if pid is not None and self.state(worker) == MachineState.RUNNING:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
@@ -98,11 +128,19 @@ class LocalProvider(MachineProvider):
         finally:
             os.close(lock)
 
-    def _pid(self, slug: str) -> int | None:
+    def _worker_pid(self, slug: str) -> int | None:
+        """The pid in the pid file, if that process is still a worker (pids get reused)."""
         try:
-            return int((machines_dir() / f"{slug}.pid").read_text())
+            pid = int((machines_dir() / f"{slug}.pid").read_text())
         except (FileNotFoundError, ValueError):
             return None
+        if not Path("/proc/self").exists():
+            return pid  # no process table to look in: trust the file
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        return pid if b"run_worker" in command else None
 
 
 def machines_dir() -> Path:

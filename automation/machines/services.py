@@ -1,4 +1,4 @@
-"""Use cases of machines: power an automation's machine on, stop idle ones, note a worker seen.
+"""Use cases of machines: power an automation's machine on, restart it, stop idle ones.
 
 They run in background tasks and daemons, never inside a request: providers call out to
 other systems (a process table, AWS) and may be slow.
@@ -7,7 +7,7 @@ other systems (a process table, AWS) and may be slow.
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import Q
@@ -27,28 +27,73 @@ def machine_power_on(*, automation_id: int) -> PowerOn | None:
     automation or its worker is inactive). A machine the hub provisions itself (``local``)
     gets a fresh credential, issued only once the provider knows it will start it.
     """
-    worker = (
-        Worker.objects.select_related("automation")
-        .filter(automation_id=automation_id, is_active=True, automation__is_active=True)
-        .first()
-    )
+    worker = _active_worker(automation_id)
     if worker is None:
         logger.info("automation %s: nothing to power on (inactive)", automation_id)
         return None
     provider = provider_for(worker)
-
-    def issue_credential() -> str:
-        return worker_rotate_credential(automation_id=automation_id, actor="system").credential
-
-    outcome = provider.power_on(
-        worker, issue_credential=issue_credential if provider.needs_credential() else None
-    )
+    outcome = provider.power_on(worker, issue_credential=_credential_issuer(provider, worker))
     if outcome == PowerOn.STARTED:
         Worker.objects.filter(pk=worker.pk).exclude(status=Worker.Status.ONLINE).update(
             status=Worker.Status.STARTING, updated_at=timezone.now()
         )
     logger.info("automation %s: machine %s (%s)", automation_id, outcome, worker.provider)
     return outcome
+
+
+def machine_restart(
+    *, automation_id: int, only_running: bool = False, silent_since: datetime | None = None
+) -> PowerOn | None:
+    """Restart the automation's machine, so that its worker starts afresh (with a fresh
+    credential where the hub provisions it). Returns what the provider did, or None when
+    nothing was done.
+
+    ``only_running``: a machine that is not running is left off (after a rotation: the
+    next power-on starts it with the new credential anyway). ``silent_since``: only if
+    the worker has not been heard from since then (the monitor's request; a worker that
+    spoke up meanwhile is fine after all).
+    """
+    worker = _active_worker(automation_id)
+    if worker is None:
+        return None
+    if silent_since is not None and _heard_since(worker, silent_since):
+        logger.info("automation %s: its worker spoke up; no restart", automation_id)
+        return None
+    provider = provider_for(worker)
+    if only_running and provider.state(worker) != MachineState.RUNNING:
+        logger.info("automation %s: machine not running; nothing to restart", automation_id)
+        return None
+    outcome = provider.restart(worker, issue_credential=_credential_issuer(provider, worker))
+    # Silent from now on only once it had time to start.
+    Worker.objects.filter(pk=worker.pk).update(
+        status=Worker.Status.STARTING, updated_at=timezone.now()
+    )
+    logger.info("automation %s: machine restarted (%s)", automation_id, worker.provider)
+    return outcome
+
+
+def _active_worker(automation_id: int) -> Worker | None:
+    return (
+        Worker.objects.select_related("automation")
+        .filter(automation_id=automation_id, is_active=True, automation__is_active=True)
+        .first()
+    )
+
+
+def _heard_since(worker: Worker, moment: datetime) -> bool:
+    return worker.last_seen_at is not None and worker.last_seen_at >= moment
+
+
+def _credential_issuer(provider, worker: Worker):
+    if not provider.needs_credential():
+        return None
+
+    def issue_credential() -> str:
+        return worker_rotate_credential(
+            automation_id=worker.automation_id, actor="system", restart_worker=False
+        ).credential
+
+    return issue_credential
 
 
 def machines_stop_idle(*, idle_for: timedelta, busy_automation_ids: set[int]) -> int:

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from automation.authentication import WorkerAuthentication
 from automation.permissions import IsWorker
+from automation.services import worker_seen
 from common.api import validated
 from common.errors import Conflict
 from common.schema import ErrorSerializer
@@ -54,6 +55,9 @@ class WorkerJobPollApi(WorkerApi):
     def get(self, request):
         filters = validated(PollFilters, request.query_params)
         jobs = jobs_pending_for(automation_id=request.user.automation_id, limit=filters["limit"])
+        # An idle worker's poll is how the hub knows it is alive (the monitor restarts
+        # a worker silent while jobs wait).
+        worker_seen(worker_id=request.user.pk)
         return Response(PendingJobOutput(jobs, many=True).data)
 
 

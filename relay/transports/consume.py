@@ -257,6 +257,11 @@ class DeadLetterBox(ABC):
         """Up to ``limit`` messages, left where they are."""
 
     @abstractmethod
+    def count(self, destination: str) -> int:
+        """How many messages wait in the destination's dead-letter queue (the broker's
+        count: on SQS an approximation, as SQS gives no other)."""
+
+    @abstractmethod
     def requeue(
         self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
     ) -> list[DeadLetter]:

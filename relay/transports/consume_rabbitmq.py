@@ -265,6 +265,17 @@ class RabbitMQDeadLetterBox(DeadLetterBox):
         finally:
             channel.close()
 
+    def count(self, destination: str) -> int:
+        channel = self._connection.channel()
+        try:
+            declared = channel.queue_declare(
+                topology.dead_letter_queue_name(destination), passive=True
+            )
+            return declared.method.message_count
+        finally:
+            if channel.is_open:
+                channel.close()
+
     def requeue(
         self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
     ) -> list[DeadLetter]:

@@ -277,6 +277,19 @@ class SQSDeadLetterBox(DeadLetterBox):
                 QueueUrl=url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
             )
 
+    def count(self, destination: str) -> int:
+        url = self._client.get_queue_url(QueueName=topology.dead_letter_queue_name(destination))[
+            "QueueUrl"
+        ]
+        attributes = self._client.get_queue_attributes(
+            QueueUrl=url,
+            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
+        )["Attributes"]
+        # Messages this box is looking at right now are hidden, not gone: count them too.
+        return int(attributes.get("ApproximateNumberOfMessages", 0)) + int(
+            attributes.get("ApproximateNumberOfMessagesNotVisible", 0)
+        )
+
     def peek(self, destination: str, limit: int) -> list[DeadLetter]:
         url, taken = self._take(destination, limit)
         self._show_again(url, [message for message, _ in taken])

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.django_db
 
 def seed(settings, base) -> str:
     settings.BASE_DIR = base
+    settings.DEMO_LOGIN_FILE = str(base / "var" / "demo-login.txt")
     out = io.StringIO()
     call_command("seed_demo", stdout=out)
     return out.getvalue()
@@ -47,3 +48,20 @@ def test_a_checkout_without_the_login_file_gets_a_fresh_password(settings, tmp_p
     assert password in output and password != old
     assert user_login(email=email, password=password).access_token
     assert User.objects.filter(email=email).count() == 1
+
+
+def test_a_login_file_made_for_another_database_is_reissued(settings, tmp_path):
+    """One checkout, two databases: the file holds the password of the first one's demo
+    manager; seeding the second must leave a password that works there."""
+    seed(settings, tmp_path)
+    stale = (tmp_path / "var" / "demo-login.txt").read_text().split()[1]
+    # The database the next run uses has its demo manager with another password.
+    manager = User.objects.get(email="manager@demo.example")
+    manager.set_password("not-the-file's")
+    manager.save()
+
+    output = seed(settings, tmp_path)
+
+    email, password = (tmp_path / "var" / "demo-login.txt").read_text().split()
+    assert password != stale and password in output
+    assert user_login(email=email, password=password).access_token

@@ -80,6 +80,19 @@ def test_ec2_power_off_stops_a_running_instance(ec2, stopped_instance):
     assert provider.state(machine) in (MachineState.STOPPED, MachineState.STOPPING)
 
 
+def test_ec2_restart_reboots_a_running_instance_and_starts_a_stopped_one(ec2, stopped_instance):
+    provider = Ec2Provider()
+    reboots = count_calls(provider, "RebootInstances")
+    starts = count_calls(provider, "StartInstances")
+    machine = worker("ec2", machine_id=stopped_instance, region="us-east-1")
+
+    assert provider.restart(machine) == PowerOn.STARTED  # stopped: started
+    assert (len(starts), len(reboots)) == (1, 0)
+    assert provider.restart(machine) == PowerOn.STARTED  # running: rebooted
+    assert (len(starts), len(reboots)) == (1, 1)
+    assert reboots[0]["InstanceId.1"] == stopped_instance
+
+
 def test_provider_for_picks_by_the_workers_provider():
     assert isinstance(provider_for(worker("local")), LocalProvider)
     assert isinstance(provider_for(worker("ec2")), Ec2Provider)

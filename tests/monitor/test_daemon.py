@@ -32,7 +32,8 @@ def test_a_cycle_runs_every_step_and_logs_one_line_of_counts(monitor, pending_fo
     assert (counts.settled["failed"], counts.settled["requeued"]) == (1, 1)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("monitor cycle")]
     assert lines == [
-        "monitor cycle: power-on re-sent for 1 automations; lost workers: 1 failed, "
+        "monitor cycle: power-on re-sent for 1 automations; 0 silent workers restarted; "
+        "lost workers: 1 failed, "
         "1 requeued, 0 canceled, 0 alive after all, 0 errors; 0 idle machines stopped; "
         "0 step errors"
     ]

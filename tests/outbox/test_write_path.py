@@ -60,8 +60,9 @@ def test_a_commit_leaves_exactly_the_expected_rows():
             actor="user:1",
         )
 
-    # JobCreated has two subscribers (power-on and the automation's worker): tenant rows.
-    assert counts() == (2, 1, 3, 1)
+    # JobCreated has two subscribers (power-on and the automation's worker): tenant rows;
+    # the automation's worker has no database, so its message has no task run.
+    assert counts() == (2, 1, 2, 1)
     platform_row = PlatformOutboxMessage.objects.get()
     assert platform_row.run_id == run_id
     assert platform_row.queue == "maintenance"
@@ -88,7 +89,7 @@ def test_a_commit_leaves_exactly_the_expected_rows():
         assert envelope["occurred_at"]
 
     runs = TaskRun.objects.in_bulk(field_name="run_id")
-    assert set(runs) == {run_id, *published.run_ids}
+    assert set(runs) == {run_id, rows["machines.power_on"].run_id}
     assert {run.status for run in runs.values()} == {"queued"}
     assert runs[run_id].tenant_id is None
 
@@ -167,3 +168,36 @@ def test_run_ids_are_uuids_and_unique_across_calls():
         ids = [dispatch("maintenance.purge", {"n": n}) for n in range(20)]
     assert all(isinstance(run_id, uuid.UUID) for run_id in ids)
     assert len(set(ids)) == 20
+
+
+def test_a_message_for_an_automation_worker_leaves_no_task_run(settings, tmp_path):
+    """An automation's worker has no database: a run written for its messages would stay
+    ``queued`` forever. Only the runs a database-backed worker settles are written."""
+    catalog = {
+        "events": ["Ping"],
+        "tasks": [
+            {"name": "shared.task", "queue": "critical", "subscribes": ["Ping"]},
+            {
+                "name": "own.task",
+                "queue": "critical",
+                "destination": "automation",
+                "subscribes": ["Ping"],
+            },
+        ],
+    }
+    path = tmp_path / "tasks.json"
+    path.write_text(json.dumps(catalog))
+    settings.TASKS_CATALOG = path
+    tenant = TenantFactory()
+
+    with transaction.atomic():
+        published = publish("Ping", {"automation_id": 4}, tenant=tenant, aggregate=("X", "1"))
+        direct = dispatch("own.task", {"automation_id": 4}, tenant=tenant)
+
+    rows = {row.run_id: row.envelope for row in OutboxMessage.objects.all()}
+    assert set(rows) == {*published.run_ids, direct}
+    assert list(TaskRun.objects.values_list("task", flat=True)) == ["shared.task"]
+    assert {envelope["destination"] for envelope in rows.values()} == {
+        "critical",
+        "automation-4",
+    }

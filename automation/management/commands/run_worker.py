@@ -19,11 +19,14 @@ import logging
 import os
 import signal
 import threading
+from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
-from automation.agent.client import HubClient, HubError
+from automation.agent.client import AutomationInfo, Backoff, HubClient, HubError
+from automation.agent.spool import OutcomeSpool
 from automation.agent.worker import AutomationWorker, JobOfferProcessor
 from automation.machines.local import LOCK_FD_ENV
 from outbox.catalog import get_catalog
@@ -118,9 +121,22 @@ class Command(BaseCommand):
         self._install_signals(worker)
         stats = worker.run()
         outcomes = " ".join(f"{name}={count}" for name, count in sorted(processor.outcomes.items()))
-        return f"worker stopped: {stats.received} received, {stats.given_back} given back" + (
+        summary = f"worker stopped: {stats.received} received, {stats.given_back} given back" + (
             f", {outcomes}" if outcomes else ""
         )
+        self._exit_now(summary)
+
+    def _exit_now(self, summary: str) -> None:
+        """The stop is done within its budget: what did not finish was given back, and
+        handler threads still stuck are only left to die. Leave now, without the
+        interpreter's teardown of a process this size, which alone may take seconds on a
+        busy machine and would push the exit past the budget an orchestrator allows."""
+        self.stdout.write(summary)
+        self.stdout.flush()
+        self.stderr.flush()
+        connections.close_all()
+        logging.shutdown()
+        os._exit(0)
 
     def run_automation_worker(
         self, slug: str, *, poll_interval: float, idle_timeout: float | None
@@ -129,10 +145,7 @@ class Command(BaseCommand):
         if not credential:
             raise CommandError("HUBDOMMED_WORKER_CREDENTIAL must hold this worker's credential")
         client = HubClient(settings.HUB_URL, credential)
-        try:
-            info = client.me()
-        except HubError as exc:
-            raise CommandError(f"cannot reach the hub at {settings.HUB_URL}: {exc}") from exc
+        info = self._wait_for_hub(client)
         if info.slug != slug:
             raise CommandError(f"this credential belongs to automation {info.slug!r}, not {slug!r}")
         agent = AutomationWorker(
@@ -141,6 +154,8 @@ class Command(BaseCommand):
             poll_interval=poll_interval,
             idle_timeout=idle_timeout,
             stop_budget=settings.WORKER_STOP_BUDGET,
+            spool=OutcomeSpool(outcomes_dir(slug)),
+            report_backoff_cap=settings.AGENT_REPORT_BACKOFF_MAX,
         )
         consumer = get_consumer()
         loop = Worker(
@@ -171,6 +186,29 @@ class Command(BaseCommand):
             f"{stats.failed} failed, {stats.refused} refused, {stats.lost} lost"
         )
 
+    def _wait_for_hub(self, client: HubClient) -> AutomationInfo:
+        """Who this worker is, asked of the hub; a hub that does not answer yet (starting,
+        restarting) is waited for, a refusal (a credential that does not work) is final."""
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        backoff = Backoff(base=0.5, cap=settings.AGENT_REPORT_BACKOFF_MAX)
+        while True:
+            try:
+                return client.me()
+            except HubError as exc:
+                if not exc.retryable:
+                    raise CommandError(f"the hub at {settings.HUB_URL} refused: {exc}") from exc
+                pause = backoff.next()
+                logger.warning(
+                    "the hub at %s does not answer yet, trying again in %.1f s: %s",
+                    settings.HUB_URL,
+                    pause,
+                    exc,
+                )
+                if stop.wait(pause):
+                    raise CommandError("stopped before the hub answered") from exc
+
     def _install_signals(self, worker: Worker, also=None) -> None:
         def on_signal(signum, frame):
             if worker.stopping:
@@ -192,3 +230,8 @@ def release_machine_lock() -> None:
         return
     with contextlib.suppress(OSError, ValueError):
         os.close(int(fd))
+
+
+def outcomes_dir(slug: str) -> Path:
+    """Where this machine keeps the outcomes its workers have not reported yet."""
+    return Path(settings.AGENT_STATE_DIR or settings.LOCAL_MACHINES_DIR) / f"{slug}.outcomes"

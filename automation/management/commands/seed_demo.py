@@ -1,10 +1,11 @@
 """``manage.py seed_demo``: demo data for a first run, created once (idempotent).
 
 A tenant, its manager (with a password printed on creation and kept in
-``var/demo-login.txt``; a checkout without that file gets the demo manager a new one), a
-sector, and the ``greeter`` automation on the ``local``
-provider, whose command is ``scripts/demo_automation.py``. Everything goes through the
-modules' services, so the events are recorded as for any other change.
+``var/demo-login.txt``; when that file is missing, or its password does not work on the
+database being seeded, the demo manager gets a new one), a sector, and the ``greeter``
+automation on the ``local`` provider, whose command is ``scripts/demo_automation.py``.
+Everything goes through the modules' services, so the events are recorded as for any
+other change.
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ class Command(BaseCommand):
 
     @transaction.atomic
     def handle(self, *args, **options) -> None:
-        login_file = Path(settings.BASE_DIR) / "var" / "demo-login.txt"
+        login_file = Path(settings.DEMO_LOGIN_FILE)
         tenant = Tenant.objects.filter(slug=TENANT_SLUG).first() or tenant_create(
             name="Demo Organization", slug=TENANT_SLUG, actor=ACTOR
         )
         manager = User.objects.filter(email__iexact=MANAGER_EMAIL).first()
-        if manager is None or not login_file.exists():
-            # A new demo manager, or one whose password this checkout never saw (the
-            # database outlived the checkout): either way a fresh password, shown once.
+        if manager is None or not _file_logs_in(login_file, manager):
+            # A new demo manager, or one whose password this checkout does not hold (the
+            # database outlived the checkout, or the file was made for another database):
+            # either way a fresh password, shown once.
             password = secrets.token_urlsafe(12)
             if manager is None:
                 user_register(
@@ -95,3 +97,12 @@ class Command(BaseCommand):
                 actor=ACTOR,
             ).automation
         self.stdout.write(f"demo automation: {automation.slug} (id {automation.id})")
+
+
+def _file_logs_in(login_file: Path, manager: User) -> bool:
+    """Whether the login file holds this database's demo manager and password."""
+    try:
+        email, password = login_file.read_text().split()
+    except (FileNotFoundError, ValueError):
+        return False
+    return email.lower() == manager.email.lower() and manager.check_password(password)

@@ -1,10 +1,18 @@
 """``manage.py watch_stuck_jobs``: rescue the jobs that got stuck, every 30 s.
 
-Each cycle, in three steps that each fail alone (logged, and the next step and the
-next cycle run anyway):
+Each cycle, in steps that each fail alone (logged, and the next step and the next
+cycle run anyway):
 
+0. after an outage (the previous cycle ended more than the interval plus a margin ago:
+   the monitor, and most likely the hub, was down), give every running job a whole
+   fresh lease: its worker could not heartbeat to a hub that was not there;
+   and power their machines on again (a worker that stopped with the hub reports the
+   outcome it kept on disk);
 1. power on again the machines of automations whose jobs have waited pending longer
-   than ``MONITOR_PENDING_SECONDS``: one ``machines.power_on`` per automation;
+   than ``MONITOR_PENDING_SECONDS``: one ``machines.power_on`` per automation; and
+   restart (``machines.restart``) the machines whose worker has not been heard from for
+   ``MONITOR_WORKER_SILENT_SECONDS`` while jobs wait that long (crashed, hung, or
+   holding a rotated-out credential);
 2. settle the running jobs whose lease expired (their worker stopped heartbeating):
    ``worker_lost``, or back to pending when the automation allows another attempt;
 3. stop the ``ec2`` machines idle for longer than ``MONITOR_EC2_IDLE_SECONDS``.
@@ -27,22 +35,34 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
 from automation.machines.services import machines_stop_idle
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
-from job.services import Settlement, job_settle_lost, jobs_resend_power_on
+from job.services import (
+    Settlement,
+    job_settle_lost,
+    jobs_renew_leases_after_outage,
+    jobs_resend_power_on,
+    jobs_restart_silent_workers,
+    monitor_cycle_ended,
+)
 
 logger = logging.getLogger("hubdommed.monitor")
 
 # Longest single sleep (seconds) between cycles: how long SIGTERM may wait.
 SLEEP_SLICE = 1.0
+# From the end of one cycle to the start of the next is at most the interval (less when a
+# cycle is slow); longer than the interval plus this, and the monitor was not running.
+OUTAGE_MARGIN_SECONDS = 5.0
 
 
 @dataclass
 class CycleCounts:
+    leases_renewed: int = 0
     powered_on: int = 0
+    workers_restarted: int = 0
     settled: Counter = field(default_factory=Counter)
     machines_stopped: int = 0
     errors: int = 0
@@ -50,12 +70,18 @@ class CycleCounts:
     def line(self) -> str:
         return (
             f"monitor cycle: power-on re-sent for {self.powered_on} automations; "
+            f"{self.workers_restarted} silent workers restarted; "
             f"lost workers: {self.settled[Settlement.FAILED]} failed, "
             f"{self.settled[Settlement.REQUEUED]} requeued, "
             f"{self.settled[Settlement.CANCELED]} canceled, "
             f"{self.settled[Settlement.ALIVE]} alive after all, "
             f"{self.settled['error']} errors; "
             f"{self.machines_stopped} idle machines stopped; {self.errors} step errors"
+            + (
+                f"; {self.leases_renewed} leases renewed after an outage"
+                if self.leases_renewed
+                else ""
+            )
         )
 
 
@@ -69,6 +95,7 @@ class Command(BaseCommand):
         super().__init__(*args, **kwargs)
         self._stop = threading.Event()
         self.cycles = 0
+        self.interval = settings.MONITOR_INTERVAL_SECONDS
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="run one cycle, then exit")
@@ -85,10 +112,19 @@ class Command(BaseCommand):
 
     # -- step methods (tested directly) --------------------------------------------------------
 
+    def renew_leases_after_outage(self) -> int:
+        """Step 0: a whole fresh lease for running jobs when the hub was down."""
+        return jobs_renew_leases_after_outage(interval=self.interval, margin=OUTAGE_MARGIN_SECONDS)
+
     def power_on_for_pending(self) -> int:
         """Step 1: one power-on per automation with a job pending too long."""
         cutoff = timezone.now() - timedelta(seconds=settings.MONITOR_PENDING_SECONDS)
         return len(jobs_resend_power_on(pending_before=cutoff))
+
+    def restart_silent_workers(self) -> int:
+        """Step 1b: one restart per automation whose worker is silent while jobs wait."""
+        cutoff = timezone.now() - timedelta(seconds=settings.MONITOR_WORKER_SILENT_SECONDS)
+        return len(jobs_restart_silent_workers(silent_since=cutoff))
 
     def settle_lost_jobs(self) -> Counter:
         """Step 2: each running job whose lease expired, in its own transaction."""
@@ -98,6 +134,8 @@ class Command(BaseCommand):
                 break
             try:
                 settled[job_settle_lost(job_id=job_id)] += 1
+            except (OperationalError, InterfaceError):
+                raise  # the database is away: the step fails once, not once per job
             except Exception:
                 # One job that cannot be settled must not keep the others (listed after
                 # it, every cycle) from being settled.
@@ -115,16 +153,34 @@ class Command(BaseCommand):
     def run_cycle(self) -> CycleCounts:
         counts = CycleCounts()
         for step, keep in (
+            (self.renew_leases_after_outage, "leases_renewed"),
             (self.power_on_for_pending, "powered_on"),
+            (self.restart_silent_workers, "workers_restarted"),
             (self.settle_lost_jobs, "settled"),
             (self.stop_idle_machines, "machines_stopped"),
         ):
+            # A connection the database dropped (a restart, a terminated backend, an idle
+            # timeout) is replaced before each step, not found dead by it. Not inside a
+            # caller's transaction (a test, a shell): that connection is the caller's.
+            if not connection.in_atomic_block:
+                close_old_connections()
             try:
                 setattr(counts, keep, step())
+            except (OperationalError, InterfaceError) as exc:
+                # The database is away: one line, no traceback; the next step (or cycle)
+                # starts on a new connection.
+                logger.warning("monitor step %s: database unreachable (%s)", step.__name__, exc)
+                connection.close()
+                counts.errors += 1
             except Exception:
-                # The database or AWS away, or a bug: the other steps still run.
+                # AWS away, or a bug: the other steps still run.
                 logger.exception("monitor step %s failed", step.__name__)
                 counts.errors += 1
+        try:
+            monitor_cycle_ended()
+        except Exception:
+            logger.exception("monitor could not record the end of its cycle")
+            counts.errors += 1
         self.cycles += 1
         logger.info(counts.line())
         return counts
@@ -135,6 +191,7 @@ class Command(BaseCommand):
         interval = settings.MONITOR_INTERVAL_SECONDS if interval is None else interval
         if interval <= 0:
             raise CommandError("--interval must be a positive number of seconds")
+        self.interval = interval
         logger.info(
             "monitor starting: every %gs; pending after %ss; ec2 idle after %ss",
             interval,

@@ -1,6 +1,6 @@
 """``manage.py dead_letters``: see what sits in the dead-letter queues, send some back.
 
-    manage.py dead_letters                          # list, every queue class
+    manage.py dead_letters                          # count and list, every queue class
     manage.py dead_letters --queue default          # list one
     manage.py dead_letters --queue default --requeue RUN_ID [RUN_ID ...]
     manage.py dead_letters --queue default --requeue-all
@@ -63,9 +63,12 @@ class Command(BaseCommand):
                             f"requeued {letter.run_id} {letter.task} -> {destination}"
                         )
                 else:
+                    # Counted first: listing hides messages for a while on SQS.
+                    waiting = box.count(destination)
                     letters = box.peek(destination, limit)
+                    shown = f" (the first {len(letters)} listed)" if len(letters) < waiting else ""
                     self.stdout.write(
-                        f"{topology.dead_letter_queue_name(destination)}: {len(letters)}"
+                        f"{topology.dead_letter_queue_name(destination)}: {waiting} waiting{shown}"
                     )
                     for letter in letters:
                         self.stdout.write("  " + _line(letter))

@@ -2,9 +2,15 @@
 
 The exchange, the four queue classes with their dead-letter queues, delivery limit and
 bindings; ``--automation ID`` adds the own queue of each given automation.
+
+A broker that does not answer yet (still starting, slow) is waited for, trying again
+with a growing pause, for at most ``--wait`` seconds (``BROKER_WAIT_SECONDS``, 60).
 """
 
 from __future__ import annotations
+
+import time
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
@@ -27,18 +33,54 @@ class Command(BaseCommand):
             metavar="ID",
             help="also create this automation's own queue (repeatable)",
         )
+        parser.add_argument(
+            "--wait",
+            type=float,
+            default=settings.BROKER_WAIT_SECONDS,
+            metavar="SECONDS",
+            help="wait at most this long for the broker to answer (default: "
+            "BROKER_WAIT_SECONDS); 0 tries once",
+        )
 
-    def handle(self, *args, automation: list[int], **options) -> str:
+    def handle(self, *args, automation: list[int], wait: float, **options) -> str:
         destinations = [*QUEUES, *(automation_queue_name(i) for i in automation)]
+        deadline = time.monotonic() + max(0.0, wait)
+        pause = 1.0
+        while True:
+            try:
+                self._declare(destinations)
+                break
+            except topology.UnknownDestination as exc:
+                raise CommandError(f"broker topology not declared: {exc}") from exc
+            except TransportUnavailable as exc:
+                if time.monotonic() + pause > deadline:
+                    raise CommandError(
+                        f"broker topology not declared: no answer from {broker_address()} "
+                        f"within {wait:g} s: {exc}"
+                    ) from exc
+                self.stderr.write(
+                    f"waiting for the broker ({broker_address()}) to answer: {exc}; "
+                    f"trying again in {pause:g} s"
+                )
+                time.sleep(pause)
+                pause = min(pause * 2, 5.0)
+        where = f"exchange {settings.RABBITMQ_EXCHANGE}" if settings.BROKER == "rabbitmq" else "SQS"
+        names = ", ".join(topology.queue_name(d) for d in destinations)
+        return f"{settings.BROKER}: {where}; queues {names} (each with its -dlq)"
+
+    def _declare(self, destinations: list[str]) -> None:
         transport = get_transport()
         try:
             transport.setup_topology()
             for destination in destinations:
                 transport.ensure_destination(destination)
-        except (TransportUnavailable, topology.UnknownDestination) as exc:
-            raise CommandError(f"broker topology not declared: {exc}") from exc
         finally:
             transport.close()
-        where = f"exchange {settings.RABBITMQ_EXCHANGE}" if settings.BROKER == "rabbitmq" else "SQS"
-        names = ", ".join(topology.queue_name(d) for d in destinations)
-        return f"{settings.BROKER}: {where}; queues {names} (each with its -dlq)"
+
+
+def broker_address() -> str:
+    """Where the broker is expected, without credentials."""
+    if settings.BROKER == "sqs":
+        return f"SQS at {settings.SQS_ENDPOINT_URL or 'AWS ' + settings.AWS_REGION}"
+    url = urlsplit(settings.RABBITMQ_URL)
+    return f"RabbitMQ at {url.hostname}:{url.port or 5672}"

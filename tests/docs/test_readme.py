@@ -1,0 +1,56 @@
+"""The README's shell examples work as written, in bash and in zsh."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+
+
+def code_lines(text: str) -> list[str]:
+    """The lines of the indented code blocks."""
+    return [line for line in text.splitlines() if line.startswith("    ")]
+
+
+def test_every_url_in_a_shell_example_is_quoted():
+    # zsh takes an unquoted ? or * for a pattern and stops with "no matches found".
+    unquoted = [
+        line.strip()
+        for line in code_lines(README)
+        for match in re.finditer(r"https?://", line)
+        if line[match.start() - 1] not in "\"'"
+    ]
+    assert unquoted == []
+
+
+def walkthrough() -> str:
+    section = README.split("## Try it", 1)[1].split("\n## ", 1)[0]
+    return "\n".join(line[4:] for line in code_lines(section))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_the_walkthrough_runs_as_written(shell, live_server, settings, tmp_path):
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    login = tmp_path / "demo-login.txt"
+    settings.DEMO_LOGIN_FILE = str(login)
+    call_command("seed_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
+    script = walkthrough().replace("var/demo-login.txt", str(login))
+    script = script.replace("http://127.0.0.1:8000", live_server.url)
+
+    done = subprocess.run(
+        [shell, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+
+    assert done.returncode == 0, done.stderr
+    job = json.loads(done.stdout)
+    assert job["status"] == "pending" and job["params"] == {"name": "Ada"}

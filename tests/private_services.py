@@ -1,0 +1,548 @@
+"""Private PostgreSQL, RabbitMQ and Redis instances, for tests that break a dependency.
+
+The shared services (5432, 5672, 6379) serve every test run on the machine: a test that
+needs an outage starts an instance of its own here, on free loopback ports and in a
+temporary folder, and stops, restarts, resets or kills only that one. Everything started
+is stopped when its fixture ends, and at interpreter exit at the latest (``_ALIVE``), so no
+server outlives the test session.
+
+    pg = PrivatePostgres(); pg.start(); pg.create_database("hd")
+    pg.restart()                       # pg_ctl restart -m fast
+    pg.terminate_backends("hd")        # every client connection dropped
+
+    rabbit = PrivateRabbitMQ(tmp, config={"max_message_size": "65536"}); rabbit.start()
+    rabbit.stop(); rabbit.start()      # the node goes away, comes back with its definitions
+    rabbit.reset()                     # back up, empty: no exchange, no queue
+
+    redis = PrivateRedis(); redis.start(); redis.stop()
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import psycopg
+import pytest
+import redis
+
+from tests.processes import process_environment
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "127.0.0.1"
+POSTGRES_BIN = max(Path("/usr/lib/postgresql").glob("*/bin"), default=None)
+RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
+
+# Whatever is still running at exit (a test that crashed before its finalizer): close it.
+_ALIVE: set = set()
+
+
+@atexit.register
+def _close_leftovers() -> None:
+    for service in list(_ALIVE):
+        with contextlib.suppress(Exception):
+            service.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval=0.1):
+    """Poll ``condition`` until it returns something true; its value, or TimeoutError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:g} s")
+        time.sleep(interval)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((HOST, port)) == 0
+
+
+def _kill_group(process: subprocess.Popen | None, timeout: float = 10) -> None:
+    """SIGTERM, then SIGKILL, to a process started in its own session and its children."""
+    if process is None or process.poll() is not None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        try:
+            process.wait(timeout)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class PrivatePostgres:
+    """A PostgreSQL cluster of its own: initdb into a temporary folder owned by the
+    ``postgres`` OS user (the server refuses to run as root), own port, fsync off,
+    listening on 127.0.0.1 only."""
+
+    user = "postgres"
+
+    def __init__(self, base_dir: str | Path | None = None) -> None:
+        if POSTGRES_BIN is None:
+            raise RuntimeError("PostgreSQL server binaries not found under /usr/lib/postgresql")
+        # Not pytest's tmp_path: the postgres user cannot traverse root's private folders.
+        self.dir = Path(tempfile.mkdtemp(prefix="hd-pg-", dir=base_dir or "/tmp"))
+        self.data = self.dir / "data"
+        self.log = self.dir / "server.log"
+        self.port = free_port()
+        owner = pwd.getpwnam(self.user)
+        os.chown(self.dir, owner.pw_uid, owner.pw_gid)
+        self._initialized = False
+        _ALIVE.add(self)
+
+    def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        command = ["runuser", "-u", self.user, "--", *args]
+        return subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, check=True, cwd=self.dir
+        )
+
+    def _pg_ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return self._run(
+            str(POSTGRES_BIN / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), *args,
+            timeout=timeout,
+        )  # fmt: skip
+
+    def _initdb(self) -> None:
+        self._run(
+            str(POSTGRES_BIN / "initdb"), "-D", str(self.data), "-U", self.user,
+            "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8", "--no-sync",
+        )  # fmt: skip
+        settings = {
+            "port": str(self.port),
+            "listen_addresses": f"'{HOST}'",
+            "unix_socket_directories": f"'{self.dir}'",
+            "fsync": "off",
+            "synchronous_commit": "off",
+            "full_page_writes": "off",
+            "max_connections": "100",
+            "shared_buffers": "32MB",
+        }
+        with (self.data / "postgresql.conf").open("a") as conf:
+            conf.writelines(f"{name} = {value}\n" for name, value in settings.items())
+        self._initialized = True
+
+    def url(self, dbname: str = "postgres") -> str:
+        return f"postgres://{self.user}@{HOST}:{self.port}/{dbname}"
+
+    @property
+    def running(self) -> bool:
+        return (self.data / "postmaster.pid").exists()
+
+    def start(self) -> None:
+        """Start the server; returns once it accepts connections."""
+        if not self._initialized:
+            self._initdb()
+        self._pg_ctl("-w", "-t", "60", "start")
+        wait_for(self._accepts, 30, "private PostgreSQL accepting connections")
+
+    def _accepts(self) -> bool:
+        try:
+            psycopg.connect(self.url(), connect_timeout=2).close()
+        except psycopg.OperationalError:
+            return False
+        return True
+
+    def stop(self, mode: str = "fast") -> None:
+        """``pg_ctl stop -m MODE``: smart, fast or immediate."""
+        if self.running:
+            self._pg_ctl("-w", "-t", "60", "-m", mode, "stop")
+
+    def restart(self, mode: str = "fast") -> None:
+        self._pg_ctl("-w", "-t", "60", "-m", mode, "restart")
+        wait_for(self._accepts, 30, "private PostgreSQL accepting connections")
+
+    def execute(self, sql: str, params=None, dbname: str = "postgres"):
+        with psycopg.connect(self.url(dbname), autocommit=True, connect_timeout=5) as conn:
+            cursor = conn.execute(sql, params)
+            return cursor.fetchall() if cursor.description else None
+
+    def create_database(self, name: str, template: str | None = None) -> None:
+        # Identifiers quoted by psycopg: a test may name its database anything.
+        from psycopg import sql
+
+        statement = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            statement += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=5) as conn:
+            conn.execute(statement)
+
+    def terminate_backends(self, dbname: str | None = None) -> int:
+        """Drop every client connection (of one database, or all); how many were dropped."""
+        rows = self.execute(
+            """
+            SELECT count(pg_terminate_backend(pid))
+              FROM pg_stat_activity
+             WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'
+               AND (%(db)s::text IS NULL OR datname = %(db)s::text)
+            """,
+            {"db": dbname},
+        )
+        return rows[0][0]
+
+    def close(self) -> None:
+        """Stop the server (immediately) and remove its folder."""
+        _ALIVE.discard(self)
+        if self._initialized:
+            with contextlib.suppress(Exception):
+                self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class PrivateRabbitMQ:
+    """A RabbitMQ node of its own: own node name, AMQP and distribution ports, data and
+    log folders, no plugins; ``config`` adds lines to its rabbitmq.conf
+    (``{"max_message_size": "65536"}``). ``rabbitmqctl -n <node>`` drives it (the node and
+    the CLI share root's Erlang cookie)."""
+
+    def __init__(self, base_dir: str | Path, *, config: dict[str, str] | None = None) -> None:
+        self.dir = Path(base_dir) / f"rabbitmq-{uuid.uuid4().hex[:8]}"
+        self.dir.mkdir(parents=True)
+        self.node = f"hdtest{uuid.uuid4().hex[:10]}@localhost"
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.url = f"amqp://guest:guest@{HOST}:{self.port}/%2F"
+        self.pid_file = self.dir / "node.pid"
+        self.config_file = self.dir / "rabbitmq.conf"
+        lines = {
+            "listeners.tcp.1": f"{HOST}:{self.port}",
+            # The shared broker's default: a busy test machine may be short of disk.
+            "disk_free_limit.absolute": "50MB",
+            **(config or {}),
+        }
+        self.config_file.write_text("".join(f"{k} = {v}\n" for k, v in lines.items()))
+        (self.dir / "enabled_plugins").write_text("[].\n")
+        self._process: subprocess.Popen | None = None
+        _ALIVE.add(self)
+
+    def _environment(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "HOME": os.environ.get("HOME", "/root"),
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_IP_ADDRESS": HOST,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "enabled_plugins"),
+            "RABBITMQ_CONFIG_FILE": str(self.config_file),
+            "RABBITMQ_PID_FILE": str(self.pid_file),
+            "RABBITMQ_ALLOW_INPUT": "",
+        }
+
+    def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(RABBITMQ_BIN / "rabbitmqctl"), "-n", self.node, *args],
+            env=self._environment(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        )
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        """Start the node (with whatever definitions it had); returns once AMQP answers."""
+        if self.running:
+            return
+        log = (self.dir / "console.log").open("ab")
+        self._process = subprocess.Popen(
+            [str(RABBITMQ_BIN / "rabbitmq-server")],
+            env=self._environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # Its own process group: stopping it takes epmd-less children along, nothing else.
+            start_new_session=True,
+        )
+        log.close()
+        try:
+            wait_for(self._accepts, 90, f"private RabbitMQ {self.node} accepting AMQP")
+        except TimeoutError:
+            self._kill()
+            raise
+
+    def _accepts(self) -> bool:
+        if self._process is not None and self._process.poll() is not None:
+            raise RuntimeError(
+                f"private RabbitMQ {self.node} exited: "
+                + (self.dir / "console.log").read_text()[-2000:]
+            )
+        if not _port_open(self.port):
+            return False
+        params = pika.URLParameters(self.url)
+        params.connection_attempts = 1
+        params.socket_timeout = 2
+        try:
+            pika.BlockingConnection(params).close()
+        except pika.exceptions.AMQPError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """The whole node goes away (its port refuses connections)."""
+        if not self.running:
+            return
+        with contextlib.suppress(subprocess.SubprocessError):
+            self.ctl("stop", timeout=60)
+        self._kill()
+
+    def _kill(self) -> None:
+        _kill_group(self._process)
+        self._process = None
+        # A beam left by a failed start (it writes its pid file once up).
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int(self.pid_file.read_text().strip()), signal.SIGKILL)
+        self.pid_file.unlink(missing_ok=True)
+
+    def reset(self) -> None:
+        """Back up and EMPTY: no exchange, no queue (the default user and vhost only), as a
+        node that lost its definitions or a brand new cluster."""
+        if not self.running:
+            self.start()
+        self.ctl("stop_app")
+        self.ctl("reset")
+        self.ctl("start_app")
+        wait_for(self._accepts, 60, f"private RabbitMQ {self.node} accepting AMQP")
+
+    def close(self) -> None:
+        _ALIVE.discard(self)
+        self.stop()
+
+
+class PrivateRedis:
+    """A redis-server of its own, no persistence, as a child process."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="hd-redis-"))
+        self.port = free_port()
+        self.url = f"redis://{HOST}:{self.port}/0"
+        self._process: subprocess.Popen | None = None
+        _ALIVE.add(self)
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._process = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", HOST, "--save", "",
+             "--appendonly", "no", "--daemonize", "no", "--dir", str(self.dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        wait_for(self._accepts, 20, "private Redis answering PING")
+
+    def _accepts(self) -> bool:
+        conn = redis.Redis.from_url(self.url, socket_connect_timeout=1)
+        try:
+            return conn.ping()
+        except redis.RedisError:
+            return False
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        _kill_group(self._process)
+        self._process = None
+
+    def close(self) -> None:
+        _ALIVE.discard(self)
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- daemons against private services ------------------------------------------------------------
+
+
+def private_environment(
+    settings,
+    *,
+    postgres: PrivatePostgres | None = None,
+    database: str = "hubdommed",
+    rabbitmq: PrivateRabbitMQ | None = None,
+    redis: PrivateRedis | None = None,
+    **extra: str,
+) -> dict[str, str]:
+    """``process_environment`` with DATABASE_URL / RABBITMQ_URL / REDIS_URL pointing at the
+    private instances given (the others stay this run's shared ones)."""
+    pointed: dict[str, str] = {}
+    if postgres is not None:
+        pointed["DATABASE_URL"] = postgres.url(database)
+    if rabbitmq is not None:
+        pointed["RABBITMQ_URL"] = rabbitmq.url
+    if redis is not None:
+        pointed["REDIS_URL"] = redis.url
+    return process_environment(settings, **{**pointed, **extra})
+
+
+def migrate(postgres: PrivatePostgres, database: str, settings) -> None:
+    """Create ``database`` on the private cluster and run ``manage.py migrate`` into it."""
+    postgres.create_database(database)
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--no-input", "-v", "0"],
+        cwd=ROOT,
+        env=private_environment(settings, postgres=postgres, database=database),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+
+
+class Daemon:
+    """``manage.py <command>`` as a subprocess (a daemon under test); its log lines (stderr)
+    collected as they come, so a test can wait for one."""
+
+    def __init__(self, command: str, *args: str, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", command, *args],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for_line(self, text: str, timeout: float, after: int = 0) -> str:
+        """The first log line from number ``after`` on that contains ``text``."""
+
+        def found():
+            return next((line for line in self.lines[after:] if text in line), None)
+
+        return wait_for(found, timeout, f"a log line with {text!r}")
+
+    def stop(self, timeout: float = 20) -> int:
+        """SIGTERM, wait (SIGKILL past ``timeout``); the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        self._reader.join(5)
+        self.out = self.process.stdout.read() if not self.process.stdout.closed else ""
+        self.process.stdout.close()
+        return self.process.returncode
+
+
+# -- fixtures (registered in tests/conftest.py) -------------------------------------------------
+
+# Migrated once per private cluster; each test copies it (CREATE DATABASE … TEMPLATE).
+MIGRATED_TEMPLATE = "hubdommed_template"
+
+
+@pytest.fixture(scope="module")
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A private PostgreSQL cluster for the module, running. ``migrated_database`` gives a
+    test its own migrated database on it."""
+    pg = PrivatePostgres()
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.close()
+
+
+@pytest.fixture
+def migrated_database(private_postgres, settings) -> str:
+    """The name of a fresh, migrated database on ``private_postgres`` (a copy of a template
+    migrated once per module)."""
+    if not private_postgres.running:
+        private_postgres.start()
+    exists = private_postgres.execute(
+        "SELECT 1 FROM pg_database WHERE datname = %s", [MIGRATED_TEMPLATE]
+    )
+    if not exists:
+        migrate(private_postgres, MIGRATED_TEMPLATE, settings)
+    name = f"hd_{uuid.uuid4().hex[:10]}"
+    private_postgres.create_database(name, template=MIGRATED_TEMPLATE)
+    return name
+
+
+@pytest.fixture(scope="module")
+def private_rabbitmq_factory(tmp_path_factory) -> Iterator[Callable[..., PrivateRabbitMQ]]:
+    """Start private RabbitMQ nodes (``factory(config={...})``); all closed at module end."""
+    nodes: list[PrivateRabbitMQ] = []
+
+    def factory(*, config: dict[str, str] | None = None) -> PrivateRabbitMQ:
+        node = PrivateRabbitMQ(tmp_path_factory.mktemp("rabbitmq"), config=config)
+        nodes.append(node)
+        node.start()
+        return node
+
+    try:
+        yield factory
+    finally:
+        for node in nodes:
+            node.close()
+
+
+@pytest.fixture(scope="module")
+def private_rabbitmq(private_rabbitmq_factory) -> PrivateRabbitMQ:
+    """A private RabbitMQ node for the module (starting one takes several seconds)."""
+    return private_rabbitmq_factory()
+
+
+@pytest.fixture
+def running_private_rabbitmq(private_rabbitmq) -> PrivateRabbitMQ:
+    """``private_rabbitmq``, started again if an earlier test left it stopped."""
+    private_rabbitmq.start()
+    return private_rabbitmq
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    server = PrivateRedis()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
