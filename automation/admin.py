@@ -23,7 +23,7 @@ from automation.services import (
     worker_rotate_credential,
 )
 from automation.validation import automation_errors, machine_errors
-from common.admin import DeactivatableAdmin, adopt
+from common.admin import DeactivatableAdmin, StorableJSONField, adopt
 from common.errors import DomainError
 from sector.selectors import sector_list
 
@@ -53,6 +53,7 @@ class AutomationAdminForm(forms.ModelForm):
     class Meta:
         model = Automation
         fields = AUTOMATION_FIELDS
+        field_classes = {"command": StorableJSONField, "params_schema": StorableJSONField}
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -33,7 +33,9 @@ class WorkerAuthentication(authentication.BaseAuthentication):
         if credential is None:
             return None
         if not credential.startswith(CREDENTIAL_PREFIX):
-            raise exceptions.AuthenticationFailed("Invalid worker credential.")
+            raise exceptions.AuthenticationFailed(
+                "Invalid worker credential.", code="invalid_token"
+            )
         from automation.models import Worker
 
         digest = hash_credential(credential)
@@ -44,7 +46,9 @@ class WorkerAuthentication(authentication.BaseAuthentication):
         )
         # The lookup is by hash; compare again in constant time all the same.
         if worker is None or not hmac.compare_digest(worker.credential_hash, digest):
-            raise exceptions.AuthenticationFailed("Invalid worker credential.")
+            raise exceptions.AuthenticationFailed(
+                "Invalid worker credential.", code="invalid_token"
+            )
         return worker, None
 
     def authenticate_header(self, request) -> str:

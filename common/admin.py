@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django import forms
 from django.contrib import messages
+from django.core.exceptions import ValidationError
 from django.db.models import Model, QuerySet
+from django.forms.fields import InvalidJSONInput
 
 from common.errors import DomainError
+from common.jsondata import PROBLEM, unstorable_path
 
 
 def adopt(target: Model, saved: Model) -> None:
@@ -61,3 +65,24 @@ class DeactivatableAdmin(NeverDeletedAdmin):
                 count += 1
         if count:
             self.message_user(request, done_message.format(count=count), messages.SUCCESS)
+
+
+class StorableJSONField(forms.JSONField):
+    """A form's JSON field that refuses text jsonb or UTF-8 cannot hold.
+
+    JSON typed into a form is parsed here, not by the API's parser, and can spell U+0000
+    or a lone surrogate (``"\\ud800"``): the same check, as a form error. The field then
+    shows the text as typed: re-encoding the parsed value would fail on the surrogate.
+    """
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if unstorable_path(value) is not None:
+            raise ValidationError(PROBLEM, code="unstorable_text")
+        return value
+
+    def bound_data(self, data, initial):
+        value = super().bound_data(data, initial)
+        if unstorable_path(value) is not None:
+            return InvalidJSONInput(data)
+        return value

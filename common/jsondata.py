@@ -1,23 +1,56 @@
-"""Checks on JSON values that PostgreSQL would refuse only at the INSERT (as a 500)."""
+"""Text that PostgreSQL or UTF-8 cannot hold, found anywhere in a request's data.
+
+PostgreSQL refuses U+0000 in ``text`` and ``jsonb``, and a lone surrogate (U+D800 to
+U+DFFF, which JSON can spell as ``"\\ud800"``) cannot even be encoded as UTF-8: either
+would fail only at the INSERT or when the answer is rendered, as a 500. Requests are
+checked once, where they are parsed (``common.parsers``, ``common.middleware``).
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 NUL = "\x00"
+REPLACEMENT = "\ufffd"
+# NUL, and any surrogate code point: JSON decoding joins a valid pair into one character,
+# so a surrogate left in a Python string is a lone one.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+PROBLEM = "Text must not contain U+0000 or a lone surrogate (U+D800 to U+DFFF)."
 
 
-def contains_nul(value: Any) -> bool:
-    """Whether any string or key in ``value`` holds U+0000, which ``jsonb`` cannot store."""
-    stack = [value]
+def unstorable_path(value: Any) -> list[str | int] | None:
+    """Where, in ``value``, the first string or key holding unstorable text is; else None.
+
+    The path is the keys and indexes leading to it (empty when ``value`` itself is the
+    string). Iterative: the point is not to recurse on what a client nested.
+    """
+    stack: list[tuple[Any, list[str | int]]] = [(value, [])]
     while stack:
-        current = stack.pop()
+        current, path = stack.pop()
         if isinstance(current, str):
-            if NUL in current:
-                return True
+            if _UNSTORABLE.search(current):
+                return path
         elif isinstance(current, dict):
-            stack.extend(current.keys())
-            stack.extend(current.values())
-        elif isinstance(current, list):
-            stack.extend(current)
-    return False
+            for key, child in current.items():
+                if isinstance(key, str) and _UNSTORABLE.search(key):
+                    return [*path, key]
+                stack.append((child, [*path, key]))
+        elif isinstance(current, list | tuple):
+            stack.extend((child, [*path, index]) for index, child in enumerate(current))
+    return None
+
+
+def describe_path(path: list[str | int]) -> str:
+    """``path`` as printable ASCII (``params/a/0``): it may itself hold the bad text."""
+    return "/".join(
+        json.dumps(part, ensure_ascii=True)[1:-1] if isinstance(part, str) else str(part)
+        for part in path
+    )
+
+
+def storable_text(text: str) -> str:
+    """``text`` with every unstorable character replaced by U+FFFD."""
+    return _UNSTORABLE.sub(REPLACEMENT, text)

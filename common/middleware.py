@@ -2,7 +2,13 @@ import logging
 import re
 import uuid
 
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import JsonResponse
+from django.http.multipartparser import MultiPartParserError
+
+from common.api import error_body
 from common.context import reset_correlation_id, set_correlation_id
+from common.jsondata import PROBLEM, describe_path, unstorable_path
 
 logger = logging.getLogger("django.request")
 
@@ -28,6 +34,59 @@ class CorrelationIdMiddleware:
             reset_correlation_id(token)
         response["X-Request-ID"] = correlation_id
         return response
+
+
+class UnstorableTextMiddleware:
+    """A 400 in the error format for a query string, form body or header holding U+0000.
+
+    JSON bodies are checked by the API's parser (``common.parsers``); what Django decodes
+    itself is checked here, for every view (the admin's forms and searches included).
+    Lone surrogates cannot come out of these: Django decodes them from UTF-8 (replacing
+    what does not decode) or, for headers, from Latin-1.
+    """
+
+    FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        try:
+            problem = self._problem(request)
+        except RequestDataTooBig:
+            return JsonResponse(
+                error_body("too_large", "The request body is too large."), status=413
+            )
+        except (MultiPartParserError, SuspiciousOperation):
+            # Too many fields or files, a broken multipart body: reading the form is this
+            # middleware's doing, so its refusals keep the error format.
+            return JsonResponse(
+                error_body("malformed_request", "The form body cannot be read."), status=400
+            )
+        if problem is not None:
+            return JsonResponse(error_body("invalid", "The input is invalid.", problem), status=400)
+        return self.get_response(request)
+
+    def _problem(self, request) -> dict | None:
+        for name, value in request.META.items():
+            # Credentials are checked, never stored: a bad one is the authenticator's 401.
+            if name == "HTTP_AUTHORIZATION":
+                continue
+            if (
+                name.startswith("HTTP_")
+                and isinstance(value, str)
+                and unstorable_path(value) is not None
+            ):
+                return {name[5:].replace("_", "-").title(): [PROBLEM]}
+        sources = [request.GET]
+        if request.method == "POST" and request.content_type in self.FORM_TYPES:
+            sources.append(request.POST)  # parsed once; Django keeps it for the view
+        for source in sources:
+            for key, values in source.lists():
+                path = unstorable_path({key: values})
+                if path is not None:
+                    return {describe_path(path[:1]): [PROBLEM]}
+        return None
 
 
 # Where the API answers: every error here is JSON in the one format.
@@ -73,12 +132,7 @@ class ApiErrorMiddleware:
 
     def process_exception(self, request, exception):
         """A view's exception that DRF did not handle (a plain view, a failed rendering)."""
-        from django.core.exceptions import (
-            BadRequest,
-            PermissionDenied,
-            RequestDataTooBig,
-            SuspiciousOperation,
-        )
+        from django.core.exceptions import BadRequest, PermissionDenied
         from django.http import Http404
 
         if not is_api_path(request.path_info):
@@ -102,10 +156,6 @@ class ApiErrorMiddleware:
     @staticmethod
     def _json_error(status: int, *, source=None):
         from http import HTTPStatus
-
-        from django.http import JsonResponse
-
-        from common.api import error_body
 
         try:
             message = HTTPStatus(status).phrase + "."

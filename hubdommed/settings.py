@@ -55,6 +55,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's and the API docs' static files from the application server itself.
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before anything reads the session cookie, the query string or a form.
+    "common.middleware.UnstorableTextMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -195,6 +197,10 @@ def _login_rate(var: str, default: str) -> str:
 
 
 # Login attempts allowed per client address and per email.
+# Seconds after a refresh during which the same refresh token, presented again, gets the
+# same successor pair (clients of one session refreshing at once) instead of counting as
+# reuse, which ends the session. 0: every second presentation is reuse.
+REFRESH_REUSE_GRACE_SECONDS = env.int("REFRESH_REUSE_GRACE_SECONDS", default=10, minimum=0)
 LOGIN_RATE_PER_IP = _login_rate("LOGIN_RATE_PER_IP", "20/minute")
 LOGIN_RATE_PER_EMAIL = _login_rate("LOGIN_RATE_PER_EMAIL", "5/minute")
 # How many proxies in front of the API append to X-Forwarded-For (0: use the peer address).
@@ -205,6 +211,11 @@ TRUSTED_PROXY_COUNT = env.int("TRUSTED_PROXY_COUNT", default=0, minimum=0)
 JOB_LEASE_SECONDS = env.int("JOB_LEASE_SECONDS", default=60, minimum=5)
 # Limits on what a job carries (bytes of compact JSON; characters of output kept).
 JOB_PARAMS_MAX_BYTES = env.int("JOB_PARAMS_MAX_BYTES", default=64 * 1024, minimum=2)
+# The most time checking one job's parameters against its automation's schema may take
+# (regular expressions included); past it the job is refused (409 automation_misconfigured).
+JOB_PARAMS_VALIDATION_SECONDS = env.float(
+    "JOB_PARAMS_VALIDATION_SECONDS", default=0.5, minimum=0.01
+)
 JOB_RESULT_MAX_BYTES = env.int("JOB_RESULT_MAX_BYTES", default=256 * 1024, minimum=2)
 JOB_OUTPUT_TAIL_MAX_CHARS = env.int("JOB_OUTPUT_TAIL_MAX_CHARS", default=16 * 1024, minimum=1)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
-from identity.tokens import InvalidAccessToken, decode_access_token
+from identity.tokens import InvalidAccessToken, decode_access_token, token_user_id
 
 
 class AccessTokenAuthentication(authentication.BaseAuthentication):
@@ -22,8 +22,15 @@ class AccessTokenAuthentication(authentication.BaseAuthentication):
         from identity.models import User
 
         user = (
-            User.objects.select_related("tenant").filter(pk=claims["sub"], is_active=True).first()
+            User.objects.select_related("tenant")
+            .filter(pk=token_user_id(claims), is_active=True)
+            .first()
         )
+        if user is not None and claims.get("tid") != user.tenant_id:
+            # Tokens are issued with the user's tenant; any other is not one of ours.
+            raise exceptions.AuthenticationFailed(
+                "The access token is invalid.", code="invalid_token"
+            )
         if user is None or not user.may_log_in:
             raise exceptions.AuthenticationFailed(
                 "The account is not active.", code="account_inactive"
@@ -41,12 +48,14 @@ def bearer_token(request) -> str | None:
         return None
     if len(header) != 2:
         raise exceptions.AuthenticationFailed(
-            "Malformed Authorization header: expected 'Bearer <token>'."
+            "Malformed Authorization header: expected 'Bearer <token>'.", code="invalid_token"
         )
     try:
         return header[1].decode("ascii")
     except UnicodeDecodeError:
-        raise exceptions.AuthenticationFailed("Malformed Authorization header.") from None
+        raise exceptions.AuthenticationFailed(
+            "Malformed Authorization header.", code="invalid_token"
+        ) from None
 
 
 class AccessTokenScheme(OpenApiAuthenticationExtension):

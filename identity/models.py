@@ -13,10 +13,10 @@ from django.contrib.auth.base_user import AbstractBaseUser, BaseUserManager
 from django.contrib.auth.models import PermissionsMixin
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Lower
 from django.utils import timezone
 
 from common.errors import Conflict
+from identity.emails import normalize_email
 
 
 class Tenant(models.Model):
@@ -53,13 +53,14 @@ class UserManager(BaseUserManager):
     use_in_migrations = True
 
     def get_by_natural_key(self, username):
-        # Email is the login and is unique regardless of case.
-        return self.get(email__iexact=username)
+        # Email is the login, stored in its normal form: compared exactly, never by the
+        # database's own idea of case.
+        return self.get(email=normalize_email(username))
 
     def _create(self, email: str, password: str | None, **fields) -> User:
         if not email:
             raise ValueError("An email is required")
-        user = self.model(email=self.normalize_email(email).strip(), **fields)
+        user = self.model(email=normalize_email(email), **fields)
         user.set_password(password)
         user.save(using=self._db)
         return user
@@ -85,6 +86,8 @@ class User(AbstractBaseUser, PermissionsMixin):
         MANAGER = "manager", "Manager"
 
     id = models.BigAutoField(primary_key=True)
+    # Always in its normal form (``identity.emails.normalize_email``, applied by ``save``):
+    # the unique index is then uniqueness of the normal form, and lookups compare exactly.
     email = models.EmailField(max_length=254, unique=True)
     full_name = models.CharField(max_length=200, blank=True)
     tenant = models.ForeignKey(
@@ -107,7 +110,6 @@ class User(AbstractBaseUser, PermissionsMixin):
         db_table = "users"
         ordering = ("email",)
         constraints = [
-            models.UniqueConstraint(Lower("email"), name="users_email_ci_key"),
             # Only platform admins (staff) live outside a tenant.
             models.CheckConstraint(
                 condition=models.Q(tenant__isnull=False) | models.Q(is_staff=True),
@@ -117,6 +119,17 @@ class User(AbstractBaseUser, PermissionsMixin):
 
     def __str__(self) -> str:
         return self.email
+
+    def save(self, *args, **kwargs) -> None:
+        # Every way of writing a user (services, admin, createsuperuser, fixtures) stores
+        # the normal form, so no path can slip a second spelling of an address in.
+        if self.email:
+            self.email = normalize_email(self.email)
+        super().save(*args, **kwargs)
+
+    @classmethod
+    def normalize_username(cls, username):
+        return normalize_email(username) if isinstance(username, str) else username
 
     @property
     def is_platform_admin(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from django.db.models import Q, QuerySet
 
 from common.errors import InvalidInput, NotFound
+from identity.emails import normalize_email
 from identity.models import Tenant, User
 
 
@@ -43,6 +44,11 @@ def user_get(user_id: int, *, active_only: bool = False) -> User | None:
     return queryset.filter(pk=user_id).first()
 
 
+def user_get_by_email(email: str) -> User | None:
+    """The user of ``email``, however it is spelled (compared in the normal form)."""
+    return User.objects.select_related("tenant").filter(email=normalize_email(email)).first()
+
+
 def users_visible_to(caller: User) -> QuerySet[User]:
     """Tenant users the caller may manage: all of them for a platform admin, else their tenant's."""
     queryset = User.objects.select_related("tenant").filter(tenant__isnull=False)
@@ -66,7 +72,9 @@ def user_list(
     if is_active is not None:
         queryset = queryset.filter(is_active=is_active)
     if search:
-        queryset = queryset.filter(Q(full_name__icontains=search) | Q(email__icontains=search))
+        queryset = queryset.filter(
+            Q(full_name__icontains=search) | Q(email__contains=normalize_email(search))
+        )
     return queryset.order_by("email", "id")
 
 

@@ -12,7 +12,7 @@ import hmac
 import logging
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.hashers import check_password, make_password
@@ -24,8 +24,15 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from common.errors import Conflict, DomainError, InvalidInput
+from identity.emails import normalize_email
 from identity.models import RefreshToken, RevokeReason, Tenant, User
-from identity.tokens import hash_refresh_token, issue_access_token, new_refresh_token
+from identity.tokens import (
+    access_token_id,
+    hash_refresh_token,
+    issue_access_token,
+    new_refresh_token,
+    successor_refresh_token,
+)
 from outbox.services import publish
 
 logger = logging.getLogger("hubdommed.identity")
@@ -140,7 +147,7 @@ def user_register(
         validate_password(password, user)
     except DjangoValidationError as exc:
         raise InvalidInput(details={"password": exc.messages}) from None
-    if User.objects.filter(email__iexact=email).exists():
+    if User.objects.filter(email=email).exists():
         raise _email_taken()
     user.set_password(password)
     try:
@@ -215,11 +222,6 @@ def user_set_password(*, user: User, password: str) -> User:
     return user
 
 
-def normalize_email(email: str) -> str:
-    """The login form of an email: trimmed and lower-cased (logins ignore case)."""
-    return email.strip().lower()
-
-
 def _email_taken() -> Conflict:
     return Conflict(
         "A user with this email already exists.",
@@ -237,7 +239,7 @@ def user_login(*, email: str, password: str) -> TokenPair:
     An unknown email and a wrong password give the same error after the same work
     (one password hash check), so neither the answer nor its timing tells them apart.
     """
-    user = User.objects.select_related("tenant").filter(email__iexact=email.strip()).first()
+    user = User.objects.select_related("tenant").filter(email=normalize_email(email)).first()
     if user is None:
         check_password(password, _dummy_password_hash())
         raise InvalidCredentials()
@@ -262,14 +264,18 @@ def refresh_token_rotate(*, token: str) -> TokenPair:
 
     A token that was already exchanged is a stolen copy (or the victim's, after the
     thief used it first): the whole family is revoked, the newest token included.
-    The row lock serializes two refreshes of one token: the second one sees the
-    token used and is treated as reuse.
+    Except within ``REFRESH_REUSE_GRACE_SECONDS`` of its exchange while its successor
+    is still unused: that is two clients of one session refreshing at once (the row
+    lock makes them take turns), and the later ones get the same successor pair again
+    instead of ending the session. Successors are derived from the token they replace
+    (``successor_refresh_token``), so they can be given again with only hashes stored.
 
     Not wrapped in ``transaction.atomic`` as a whole: the revocation of a family
     must commit even though the call then fails.
     """
     digest = hash_refresh_token(token)
     reused_family = None
+    successor = None
     with transaction.atomic():
         current = (
             RefreshToken.objects.select_for_update(of=("self",))
@@ -284,12 +290,21 @@ def refresh_token_rotate(*, token: str) -> TokenPair:
         if current.revoked_at is not None:
             raise InvalidRefreshToken()
         if current.used_at is not None:
-            _revoke(
-                RefreshToken.objects.filter(family=current.family),
-                RevokeReason.REUSE_DETECTED,
-                now,
-            )
-            reused_family = current.family
+            successor = _successor_within_grace(current, token=token, now=now)
+            if successor is not None:
+                logger.info(
+                    "refresh within the grace window: session %s of user %s",
+                    current.family,
+                    current.user_id,
+                )
+                refresh = successor_refresh_token(token)
+            else:
+                _revoke(
+                    RefreshToken.objects.filter(family=current.family),
+                    RevokeReason.REUSE_DETECTED,
+                    now,
+                )
+                reused_family = current.family
         elif current.is_expired(now):
             raise InvalidRefreshToken(
                 "The refresh token has expired.", code="refresh_token_expired"
@@ -298,7 +313,7 @@ def refresh_token_rotate(*, token: str) -> TokenPair:
             raise AccountInactive()
         else:
             refresh, successor = _new_refresh_token(
-                user=current.user, family=current.family, now=now
+                user=current.user, family=current.family, now=now, parent=token
             )
             current.used_at = now
             current.replaced_by = successor
@@ -325,8 +340,32 @@ def refresh_token_revoke(*, token: str) -> None:
     logger.info("user %s logged out (session %s)", current.user_id, current.family)
 
 
-def _new_refresh_token(*, user: User, family, now: datetime) -> tuple[str, RefreshToken]:
-    token = new_refresh_token()
+def _successor_within_grace(current: RefreshToken, *, token: str, now: datetime):
+    """The successor ``current`` was exchanged for, when it may be handed out again."""
+    grace = timedelta(seconds=settings.REFRESH_REUSE_GRACE_SECONDS)
+    if not grace or now - current.used_at > grace:
+        return None
+    successor = RefreshToken.objects.filter(pk=current.replaced_by_id).first()
+    if (
+        successor is None
+        or successor.used_at is not None  # the chain moved on: not a racing twin
+        or successor.revoked_at is not None
+        or successor.is_expired(now)
+        or not current.user.may_log_in
+    ):
+        return None
+    # Successors are derived from their parent: tokens issued before that was so were
+    # random and cannot be given again.
+    expected = hash_refresh_token(successor_refresh_token(token))
+    if not hmac.compare_digest(successor.token_hash, expected):
+        return None
+    return successor
+
+
+def _new_refresh_token(
+    *, user: User, family, now: datetime, parent: str | None = None
+) -> tuple[str, RefreshToken]:
+    token = successor_refresh_token(parent) if parent is not None else new_refresh_token()
     row = RefreshToken(
         user=user,
         token_hash=hash_refresh_token(token),
@@ -340,7 +379,9 @@ def _new_refresh_token(*, user: User, family, now: datetime) -> tuple[str, Refre
 
 
 def _pair(user: User, refresh: str, row: RefreshToken) -> TokenPair:
-    access = issue_access_token(user)
+    # Derived from the refresh token's row: giving the same successor again (within the
+    # grace window) gives the same access token with it, not a third pair.
+    access = issue_access_token(user, issued_at=row.created_at, jti=access_token_id(row.token_hash))
     return TokenPair(
         user=user,
         access_token=access.token,

@@ -13,6 +13,8 @@ import redis
 from django.conf import settings
 from rest_framework.throttling import SimpleRateThrottle
 
+from identity.emails import normalize_email
+
 logger = logging.getLogger("hubdommed.identity")
 
 
@@ -69,6 +71,7 @@ class LoginRateByEmail(_LoginThrottle):
         email = request.data.get("email") if hasattr(request.data, "get") else None
         if not isinstance(email, str) or not email.strip():
             return None  # nothing to count; the serializer refuses the request
-        # Hashed: emails are not written to the cache in clear.
-        ident = hashlib.sha256(email.strip().lower().encode()).hexdigest()
+        # The normal form login looks the user up by, so every spelling that reaches one
+        # account counts against one limit. Hashed: emails are not cached in clear.
+        ident = hashlib.sha256(normalize_email(email).encode("utf-8", "replace")).hexdigest()
         return self.cache_format % {"scope": self.scope, "ident": ident}

@@ -6,7 +6,10 @@ services); access tokens are never stored, so they are kept short.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import hmac
+import re
 import secrets
 import uuid
 from dataclasses import dataclass
@@ -19,6 +22,10 @@ from django.utils import timezone
 ALGORITHM = "HS256"
 REFRESH_TOKEN_PREFIX = "hdr_"  # noqa: S105 (a prefix that makes leaked tokens easy to spot)
 TOKEN_TYPE = "access"  # noqa: S105 (a claim value, not a secret)
+# A user id as issued: ASCII digits, no sign, no leading zero, within PostgreSQL's bigint.
+# (``int()`` alone would also read " 1", fullwidth digits or "1_0", and overflow the column.)
+_USER_ID = re.compile(r"[1-9][0-9]{0,18}")
+_MAX_BIGINT = 2**63 - 1
 
 
 class InvalidAccessToken(Exception):
@@ -33,8 +40,11 @@ class AccessToken:
     expires_at: datetime
 
 
-def issue_access_token(user) -> AccessToken:
-    now = timezone.now()
+def issue_access_token(
+    user, *, issued_at: datetime | None = None, jti: str | None = None
+) -> AccessToken:
+    """A signed access token; the same ``issued_at`` and ``jti`` give the same token again."""
+    now = issued_at or timezone.now()
     expires_at = now + settings.ACCESS_TOKEN_LIFETIME
     claims = {
         "typ": TOKEN_TYPE,
@@ -42,7 +52,7 @@ def issue_access_token(user) -> AccessToken:
         "tid": user.tenant_id,
         "iat": int(now.timestamp()),
         "exp": int(expires_at.timestamp()),
-        "jti": uuid.uuid4().hex,
+        "jti": jti or uuid.uuid4().hex,
     }
     return AccessToken(jwt.encode(claims, _key(), algorithm=ALGORITHM), expires_at)
 
@@ -61,9 +71,25 @@ def decode_access_token(token: str) -> dict:
         raise InvalidAccessToken("The access token has expired.", code="token_expired") from None
     except jwt.PyJWTError:
         raise InvalidAccessToken("The access token is invalid.") from None
-    if claims.get("typ") != TOKEN_TYPE:
+    # The signature proves who made the token, not that its claims have the shape the code
+    # reads: each one is checked before anything uses it.
+    if claims.get("typ") != TOKEN_TYPE or token_user_id(claims) is None:
+        raise InvalidAccessToken("The access token is invalid.")
+    tenant_id = claims.get("tid")
+    if tenant_id is not None and (type(tenant_id) is not int or tenant_id < 1):
+        raise InvalidAccessToken("The access token is invalid.")
+    if not isinstance(claims.get("jti", ""), str):
         raise InvalidAccessToken("The access token is invalid.")
     return claims
+
+
+def token_user_id(claims: dict) -> int | None:
+    """The user id of the ``sub`` claim, or None when it is not one the hub issues."""
+    subject = claims.get("sub")
+    if not isinstance(subject, str) or not _USER_ID.fullmatch(subject):
+        return None
+    user_id = int(subject)
+    return user_id if user_id <= _MAX_BIGINT else None
 
 
 def _key() -> str:
@@ -73,6 +99,28 @@ def _key() -> str:
 def new_refresh_token() -> str:
     """A fresh opaque refresh token (256 bits from ``secrets``); only its hash is stored."""
     return REFRESH_TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def successor_refresh_token(token: str) -> str:
+    """The refresh token that replaces ``token`` when it is rotated.
+
+    Derived (an HMAC of the presented token under a server key), not drawn at random, so
+    that a refresh racing another one for the same token, within the grace window, can be
+    given the same successor again although only its hash is stored. As unguessable as a
+    random token without the key; the parent token is needed to compute it at all.
+    """
+    digest = hmac.new(_successor_key(), token.encode(), hashlib.sha256).digest()
+    return REFRESH_TOKEN_PREFIX + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def access_token_id(refresh_token_hash: str) -> str:
+    """The ``jti`` of the access token issued with a refresh token: the same pair twice."""
+    return hmac.new(_successor_key(), refresh_token_hash.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def _successor_key() -> bytes:
+    # A key of its own, derived from the signing key: one secret to keep, two uses apart.
+    return hmac.new(_key().encode(), b"hubdommed refresh successor", hashlib.sha256).digest()
 
 
 def hash_refresh_token(token: str) -> str:

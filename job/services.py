@@ -15,17 +15,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-import jsonschema
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
-from referencing import Registry
-from referencing.exceptions import Unresolvable
 
 from automation.selectors import automation_get, automations_with_silent_workers
 from automation.services import worker_seen
+from automation.validation import UnusableSchema, params_errors
 from common.errors import Conflict, InvalidInput, NotFound
-from common.jsondata import contains_nul
 from job.models import Job, JobEvent, JobStatus, MonitorCycle
 from job.selectors import automations_with_jobs_pending_before, running_count
 from outbox.services import dispatch, publish
@@ -94,7 +91,7 @@ def job_create(
         )
     if not automation.is_active:
         raise Conflict("The automation is inactive.", code="automation_inactive")
-    _validate_params(params, schema=automation.params_schema)
+    _validate_params(params, schema=automation.params_schema, automation_id=automation.id)
 
     now = timezone.now()
     job = Job(
@@ -133,19 +130,12 @@ def _replayed(job: Job, *, automation_id: int, params: dict[str, Any]) -> Job:
     return job
 
 
-def _validate_params(params: Any, *, schema: dict[str, Any] | None) -> None:
+def _validate_params(params: Any, *, schema: dict[str, Any] | None, automation_id: int) -> None:
     if not isinstance(params, dict):
         raise InvalidInput(
             "The parameters must be a JSON object.",
             code="invalid_params",
             details={"params": ["Must be a JSON object."]},
-        )
-    if contains_nul(params):
-        # jsonb cannot store U+0000: refused here rather than failing at the INSERT.
-        raise InvalidInput(
-            "The parameters contain a NUL character (\\u0000).",
-            code="invalid_params",
-            details={"params": ["Must not contain NUL characters (\\u0000)."]},
         )
     size = json_size(params)
     if size > settings.JOB_PARAMS_MAX_BYTES:
@@ -154,32 +144,22 @@ def _validate_params(params: Any, *, schema: dict[str, Any] | None) -> None:
             code="params_too_large",
             details={"params": [f"At most {settings.JOB_PARAMS_MAX_BYTES} bytes of JSON."]},
         )
-    if schema is None:
-        return
     try:
-        validator_class = jsonschema.validators.validator_for(schema)
-        validator_class.check_schema(schema)
-        # An empty registry: a $ref is resolved inside the schema or not at all, never
-        # fetched over the network in the middle of a request.
-        validator = validator_class(schema, registry=Registry())
-        errors = sorted(validator.iter_errors(params), key=lambda error: list(error.absolute_path))
-    except (jsonschema.SchemaError, Unresolvable):
-        logger.error("automation parameter schema is broken (invalid, or a $ref leading nowhere)")
+        # The same validator that accepted the schema when the automation was saved.
+        errors = params_errors(params, schema)
+    except UnusableSchema as exc:
+        logger.error("automation %s: its parameter schema is unusable: %s", automation_id, exc)
         raise Conflict(
             "The automation's parameter schema is broken; nothing can be started until "
             "it is fixed.",
             code="automation_misconfigured",
+            details={"params_schema": [str(exc)]},
         ) from None
     if errors:
         raise InvalidInput(
             "The parameters do not match the automation's schema.",
             code="invalid_params",
-            details={
-                "params": [
-                    f"{'/'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
-                    for error in errors[:20]
-                ]
-            },
+            details={"params": errors},
         )
 
 

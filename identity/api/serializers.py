@@ -5,6 +5,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from identity.emails import normalize_email
 from identity.models import Tenant, User
 
 # --- Sessions -----------------------------------------------------------------------------
@@ -99,8 +100,17 @@ class MeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class NormalizedEmailField(serializers.EmailField):
+    """An email checked in the normal form it is stored and compared in."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, str):
+            data = normalize_email(data)
+        return super().to_internal_value(data)
+
+
 class UserRegisterSerializer(serializers.Serializer):
-    email = serializers.EmailField(max_length=254)
+    email = NormalizedEmailField(max_length=254)
     full_name = serializers.CharField(max_length=200, required=False, default="")
     password = serializers.CharField(max_length=4096, trim_whitespace=False, write_only=True)
     role = serializers.ChoiceField(choices=User.Role.choices, default=User.Role.MEMBER)

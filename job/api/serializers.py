@@ -6,7 +6,6 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from common.jsondata import NUL, contains_nul
 from job.models import FailureReason, Job, JobStatus
 
 # --- people -------------------------------------------------------------------------------
@@ -169,25 +168,16 @@ class _ClaimInput(serializers.Serializer):
 
 @extend_schema_field({"description": "Any JSON value."})
 class AnyJSONField(serializers.JSONField):
-    def to_internal_value(self, data):
-        value = super().to_internal_value(data)
-        if contains_nul(value):
-            # jsonb cannot store U+0000: refused here rather than failing at the UPDATE.
-            raise serializers.ValidationError("Must not contain NUL characters (\\u0000).")
-        return value
+    # Text jsonb cannot hold (U+0000, lone surrogates) is refused by the parser already.
+    pass
 
 
 class CommandOutputField(serializers.CharField):
-    """Text a command printed: a NUL byte in it is replaced, not a reason to lose the report.
+    """Text a command printed: may hold any character.
 
-    PostgreSQL text cannot hold U+0000, and DRF refuses it in a ``CharField``; a command
-    may print any byte, and a refused report would leave its job to end ``worker_lost``.
+    The views that take it list it in ``replace_unstorable_text``, so the parser replaces
+    U+0000 and lone surrogates by U+FFFD: a refused report would lose the job's outcome.
     """
-
-    def to_internal_value(self, data):
-        if isinstance(data, str):
-            data = data.replace(NUL, "\ufffd")
-        return super().to_internal_value(data)
 
 
 class HeartbeatInput(_ClaimInput):

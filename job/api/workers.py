@@ -110,6 +110,9 @@ class JobHeartbeatApi(WorkerApi):
 
 
 class JobCompleteApi(WorkerApi):
+    # A command's output may hold any character: what text cannot store is replaced.
+    replace_unstorable_text = ("output_tail",)
+
     @extend_schema(
         operation_id="jobs_complete",
         summary="Report success",
@@ -128,6 +131,9 @@ class JobCompleteApi(WorkerApi):
 
 
 class JobFailApi(WorkerApi):
+    # A command's output may hold any character: what text cannot store is replaced.
+    replace_unstorable_text = ("output_tail", "error")
+
     @extend_schema(
         operation_id="jobs_fail",
         summary="Report failure",

@@ -99,6 +99,10 @@ def test_adding_creates_automation_and_worker_with_the_api_events_and_shows_the_
         ({"params_schema": '{"type": "no-such-type"}'}, "params_schema"),
         ({"max_concurrency": "0"}, "max_concurrency"),
         ({"timeout_seconds": "0"}, "timeout_seconds"),
+        # JSON text in a form can spell what PostgreSQL and UTF-8 cannot hold.
+        ({"command": '["python", "\\ud800"]'}, "command"),
+        ({"params_schema": '{"title": "\\u0000"}'}, "params_schema"),
+        ({"params_schema": '{"properties": {"\\udfff": {}}}'}, "params_schema"),
     ],
 )
 def test_invalid_automation_input_is_a_form_error_and_writes_nothing(

@@ -162,13 +162,14 @@ def test_a_schema_with_a_reference_leading_nowhere_is_a_409_and_fetches_nothing(
 
 @pytest.mark.parametrize("params", [{"note": "a\u0000b"}, {"\u0000": 1}, {"list": [["\u0000"]]}])
 def test_parameters_with_a_nul_character_are_a_400_not_a_500(person_client, automation, params):
-    # PostgreSQL's jsonb cannot store U+0000.
+    # PostgreSQL's jsonb cannot store U+0000: the request parser refuses it.
     response = person_client.post(
         URL, {"automation": automation.id, "params": params}, format="json"
     )
 
     assert response.status_code == 400, response.content
-    assert response.json()["error"]["code"] == "invalid_params"
+    assert response.json()["error"]["code"] == "invalid"
+    assert list(response.json()["error"]["details"]) == ["params"]
     assert not Job.objects.exists()
 
 

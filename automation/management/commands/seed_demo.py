@@ -21,6 +21,7 @@ from django.db import transaction
 from automation.selectors import automation_get_by_slug
 from automation.services import automation_create
 from identity.models import Tenant, User
+from identity.selectors import user_get_by_email
 from identity.services import tenant_create, user_register, user_set_password
 from sector.models import Sector
 from sector.services import sector_create
@@ -41,7 +42,7 @@ class Command(BaseCommand):
         tenant = Tenant.objects.filter(slug=TENANT_SLUG).first() or tenant_create(
             name="Demo Organization", slug=TENANT_SLUG, actor=ACTOR
         )
-        manager = User.objects.filter(email__iexact=MANAGER_EMAIL).first()
+        manager = user_get_by_email(MANAGER_EMAIL)
         if manager is None or not _file_logs_in(login_file, manager):
             # A new demo manager, or one whose password this checkout does not hold (the
             # database outlived the checkout, or the file was made for another database):
