@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from automation.machines.services import machine_power_on, machine_restart
+from broker import ensure_automation_queue
 from common.errors import InvalidInput
-from outbox.runtime import TaskMessage, task
-from relay.topology import ensure_automation_queue
+from outbox.handlers import TaskMessage, task
 
 
 def _automation_id(message: TaskMessage) -> int:

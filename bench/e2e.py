@@ -42,10 +42,10 @@ from django.core.management import call_command  # noqa: E402
 
 from automation.models import Worker  # noqa: E402
 from automation.services import automation_create  # noqa: E402
+from broker import topology  # noqa: E402
+from broker.topology import QUEUES  # noqa: E402
 from identity.tokens import issue_access_token  # noqa: E402
 from job.models import Job  # noqa: E402
-from outbox.models import QUEUES  # noqa: E402
-from relay import topology  # noqa: E402
 from sector.services import sector_create  # noqa: E402
 from tests.factories import PlatformAdminFactory, TenantFactory, UserFactory  # noqa: E402
 

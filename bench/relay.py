@@ -44,13 +44,12 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from outbox.models import QUEUES  # noqa: E402
+from broker import get_transport, topology  # noqa: E402
+from broker.rabbitmq.publisher import message_properties  # noqa: E402
+from broker.sqs.publisher import batch_entries, sqs_client  # noqa: E402
+from broker.topology import QUEUES  # noqa: E402
 from outbox.services import dispatch  # noqa: E402
-from relay import topology  # noqa: E402
 from relay.engine import OutboxRelay  # noqa: E402
-from relay.transports import get_transport  # noqa: E402
-from relay.transports.rabbitmq import message_properties  # noqa: E402
-from relay.transports.sqs import batch_entries, sqs_client  # noqa: E402
 from tests.processes import process_environment  # noqa: E402
 
 
@@ -128,7 +127,7 @@ def purge_rabbit(destination: str) -> None:
 
 def raw_pika_publish(rows) -> float:
     """The ceiling: the same messages, persistent, no confirms, until all are enqueued."""
-    from relay.transports.base import OutgoingMessage
+    from broker.base import OutgoingMessage
 
     conn, channel = rabbit_channel()
     key = topology.routing_key("default", "reports.build")
@@ -184,7 +183,7 @@ def bench_sqs(rows: int, batch_size: int) -> dict:
         insert_rows(rows)
         bodies = pending_bodies()
         relay_seconds = relay_drain(batch_size)
-        from relay.transports.base import OutgoingMessage
+        from broker.base import OutgoingMessage
 
         client = sqs_client()
         url = client.get_queue_url(QueueName=topology.queue_name("default"))["QueueUrl"]

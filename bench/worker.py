@@ -44,15 +44,13 @@ import pika  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
+from broker import topology  # noqa: E402
+from broker.sqs.publisher import sqs_client  # noqa: E402
+from outbox.handlers import task  # noqa: E402
 from outbox.models import TaskRun  # noqa: E402
-from outbox.runtime import task  # noqa: E402
-from outbox.runtime.loop import Worker  # noqa: E402
-from outbox.runtime.processor import TaskProcessor  # noqa: E402
 from outbox.services import dispatch  # noqa: E402
-from relay import topology  # noqa: E402
 from relay.engine import OutboxRelay  # noqa: E402
-from relay.transports.consume import get_consumer  # noqa: E402
-from relay.transports.sqs import sqs_client  # noqa: E402
+from worker.builders import build_task_worker  # noqa: E402
 
 
 @task("bench.noop")
@@ -119,16 +117,10 @@ def raw_sqs(count: int) -> float:
 
 
 def through_worker(run_ids: list[str], concurrency: int) -> float:
-    consumer = get_consumer()
-    processor = TaskProcessor(consumer)
-    worker = Worker(
-        consumer,
-        ["default"],
-        processor,
-        concurrency=concurrency,
-        stop_budget=5,
-        poll_interval=0.05,
+    built = build_task_worker(
+        ["default"], concurrency=concurrency, stop_budget=5, poll_interval=0.05
     )
+    processor, worker = built.processor, built.loop
     started = time.perf_counter()
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()

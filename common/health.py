@@ -62,14 +62,14 @@ def check_broker(timeout: float) -> None:
     if settings.BROKER == "rabbitmq":
         import pika
 
-        from relay.transports.rabbitmq import connection_parameters
+        from broker.rabbitmq.publisher import connection_parameters
 
         params = connection_parameters()
         params.socket_timeout = params.stack_timeout = timeout
         params.blocked_connection_timeout = timeout
         pika.BlockingConnection(params).close()
     else:
-        from relay.transports.sqs import sqs_client
+        from broker.sqs.publisher import sqs_client
 
         client = sqs_client(timeout=timeout, attempts=1)
         client.list_queues(QueueNamePrefix=settings.QUEUE_PREFIX, MaxResults=1)

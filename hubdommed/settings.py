@@ -46,6 +46,7 @@ INSTALLED_APPS = [
     "job",
     "outbox",
     "relay",
+    "worker",
 ]
 
 MIDDLEWARE = [

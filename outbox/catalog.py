@@ -19,7 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from outbox.models import QUEUES
+from broker.topology import QUEUES
 
 DESTINATIONS = ("queue", "automation")
 

@@ -12,7 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.lookups import Exact
 
-QUEUES = ("critical", "default", "bulk", "maintenance")
+from broker.topology import QUEUES
 
 
 class Queue(models.TextChoices):
@@ -50,10 +50,6 @@ class BaseOutboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.envelope.get('task')} {self.run_id}"
-
-    @property
-    def is_pending(self) -> bool:
-        return self.sent_at is None
 
 
 def _outbox_meta_constraints(table: str) -> list:

@@ -31,6 +31,7 @@ from django.conf import settings
 from django.db import models, transaction
 from django.utils import timezone
 
+from broker.topology import automation_queue_name
 from common.context import get_correlation_id
 from outbox.catalog import TaskSpec, get_catalog
 from outbox.models import Event, OutboxMessage, PlatformOutboxMessage, TaskRun, clock_timestamp
@@ -213,11 +214,6 @@ def _destination(spec: TaskSpec, payload: Mapping[str, Any]) -> str:
             )
         return automation_queue_name(automation_id)
     return spec.queue
-
-
-def automation_queue_name(automation_id: int) -> str:
-    """The destination (queue name without prefix) of an automation's own worker."""
-    return f"automation-{automation_id}"
 
 
 def _available_at(delay: timedelta | float | None) -> models.Expression:

@@ -7,8 +7,8 @@ from datetime import timedelta
 
 from django.db import connection, transaction
 
+from outbox.handlers import TaskMessage, task
 from outbox.models import OutboxMessage, PlatformOutboxMessage
-from outbox.runtime import TaskMessage, task
 
 logger = logging.getLogger("hubdommed.outbox")
 

@@ -1,8 +1,8 @@
 """One pass of the relay over the outbox tables: claim, send, mark, in one transaction.
 
-A pass claims up to ``batch_size`` due rows of a table with ``FOR UPDATE SKIP LOCKED``
-(SKIP LOCKED keeps two relays from sending the same row), hands them to the transport
-while holding the locks, and in the same transaction:
+A pass claims up to ``batch_size`` due rows of a table (``outbox.delivery.due_batch``,
+which owns the statements), hands them to the transport while holding the locks, and in
+the same transaction records the answer:
 
 - marks ``sent_at`` on what the broker confirmed;
 - adds one to ``attempts`` of what the broker never answered (it is unreachable): the
@@ -23,34 +23,12 @@ import time
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import connection, transaction
 
-from outbox.models import OutboxMessage, PlatformOutboxMessage
-from relay.transports import OutgoingMessage, SendResult, Transport, get_transport
+from broker import Transport, get_transport
+from lifecycle import Backoff
+from outbox.delivery import TABLES, due_batch
 
 logger = logging.getLogger("hubdommed.relay")
-
-TABLES = (OutboxMessage._meta.db_table, PlatformOutboxMessage._meta.db_table)
-
-# The partial index on pending rows serves this (outbox_messages_pending_idx).
-_CLAIM = """
-    SELECT id, run_id::text, envelope::text, envelope->>'destination', envelope->>'task',
-           coalesce(envelope->>'correlation_id', ''), envelope->>'event'
-      FROM {table}
-     WHERE sent_at IS NULL AND available_at <= clock_timestamp()
-     ORDER BY id
-     LIMIT %s
-       FOR UPDATE SKIP LOCKED
-"""
-_MARK_SENT = "UPDATE {table} SET sent_at = clock_timestamp() WHERE id = ANY(%s)"
-_COUNT_ATTEMPT = "UPDATE {table} SET attempts = attempts + 1 WHERE id = ANY(%s)"
-_BACK_OFF = """
-    UPDATE {table}
-       SET attempts = attempts + 1,
-           available_at = clock_timestamp()
-                          + least(%s, %s * power(2, least(attempts, 30))) * interval '1 second'
-     WHERE id = ANY(%s)
-"""
 
 # Waiting between reconnection attempts while the broker (or the database) is unreachable.
 # Capped low: a failed attempt costs little (a refused connection), and the time from a
@@ -84,8 +62,8 @@ class OutboxRelay:
         self.batch_size = batch_size or settings.RELAY_BATCH_SIZE
         self.sent = 0
         self.batches = 0
-        # Consecutive passes that found the broker unreachable (0: it answers).
-        self.outages = 0
+        # Consecutive passes that found the broker unreachable, and the pause they call for.
+        self._outage = Backoff(OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX)
 
     @property
     def transport(self) -> Transport:
@@ -94,11 +72,14 @@ class OutboxRelay:
         return self._transport
 
     @property
+    def outages(self) -> int:
+        """Consecutive passes that found the broker unreachable (0: it answers)."""
+        return self._outage.failures
+
+    @property
     def outage_backoff(self) -> float:
         """Seconds to wait before trying the broker again (0 when it answers)."""
-        if not self.outages:
-            return 0.0
-        return min(OUTAGE_BACKOFF_MAX, OUTAGE_BACKOFF_FIRST * 2 ** (self.outages - 1))
+        return self._outage.pause
 
     def close(self) -> None:
         if self._transport is not None:
@@ -123,11 +104,11 @@ class OutboxRelay:
                 more = True
         if self.outages:
             logger.info("broker reachable again after %d failed passes", self.outages)
-            self.outages = 0
+            self._outage.reset()
         return more
 
     def _note_outage(self, error: str) -> None:
-        self.outages += 1
+        self._outage.failed()
         logger.warning(
             "broker unreachable (%s); rows stay pending, retrying in %.1f s",
             error,
@@ -136,28 +117,11 @@ class OutboxRelay:
 
     def relay_table(self, table: str) -> BatchReport:
         started = time.perf_counter()
-        with transaction.atomic(), connection.cursor() as cursor:
-            # Losing this commit in a database crash only means sending these rows again,
-            # which consumers tolerate; not waiting for its disk flush makes each batch cheaper.
-            cursor.execute("SET LOCAL synchronous_commit TO OFF")
-            cursor.execute(_CLAIM.format(table=table), [self.batch_size])
-            rows = cursor.fetchall()
-            if not rows:
+        with due_batch(table, self.batch_size) as batch:
+            if not batch.messages:
                 return BatchReport(table=table, claimed=0)
-            messages = [
-                OutgoingMessage(
-                    key=row_id,
-                    run_id=run_id,
-                    destination=destination,
-                    task=task,
-                    body=body.encode(),
-                    correlation_id=correlation_id,
-                    event=event,
-                )
-                for row_id, run_id, body, destination, task, correlation_id, event in rows
-            ]
-            result = self.transport.send(messages)
-            self._record(cursor, table, result)
+            result = self.transport.send(batch.messages)
+            batch.record(result)
         if result.rejected:
             logger.warning(
                 "relay: %d rows refused by the broker, backing off; first: %s",
@@ -166,25 +130,10 @@ class OutboxRelay:
             )
         return BatchReport(
             table=table,
-            claimed=len(rows),
+            claimed=len(batch.messages),
             sent=len(result.sent),
             rejected=len(result.rejected),
             unconfirmed=len(result.unconfirmed),
             error=result.error,
             seconds=time.perf_counter() - started,
         )
-
-    def _record(self, cursor, table: str, result: SendResult) -> None:
-        if result.sent:
-            cursor.execute(_MARK_SENT.format(table=table), [result.sent])
-        if result.unconfirmed:
-            cursor.execute(_COUNT_ATTEMPT.format(table=table), [result.unconfirmed])
-        if result.rejected:
-            cursor.execute(
-                _BACK_OFF.format(table=table),
-                [
-                    settings.RELAY_RETRY_BACKOFF_MAX,
-                    settings.RELAY_RETRY_BACKOFF,
-                    list(result.rejected),
-                ],
-            )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,25 +35,6 @@ class HubError(Exception):
 
 class ClaimRefused(HubError):
     """An expected refusal (already_claimed, concurrency_limit, not_pending)."""
-
-
-class Backoff:
-    """Pauses between attempts at a request to a hub that does not answer: doubling from
-    ``base`` up to ``cap`` seconds, each drawn between half and all of that (jitter, so
-    that many workers coming back together do not call the hub in step)."""
-
-    def __init__(self, base: float = 0.5, cap: float = 30.0) -> None:
-        self.base = base
-        self.cap = cap
-        self.attempts = 0
-
-    def next(self) -> float:
-        ceiling = min(self.cap, self.base * 2**self.attempts)
-        self.attempts += 1
-        return random.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        self.attempts = 0
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from automation.agent.client import Backoff, HubClient, HubError
+from automation.agent.client import HubClient, HubError
+from lifecycle import Backoff
 
 logger = logging.getLogger("hubdommed.agent")
 
@@ -107,7 +108,7 @@ def run_claimed_job(
     next_beat = time.monotonic() + heartbeat_interval
     # A beat the hub did not answer is tried again sooner than the next one is due, so
     # that a short outage of the hub costs the lease as little as possible.
-    backoff = Backoff(base=0.5, cap=heartbeat_interval)
+    backoff = Backoff(0.5, heartbeat_interval, jitter=True)
     stop_reason = ""
     while True:
         # Short waits: a shutdown must not wait for the next heartbeat to be noticed.
@@ -136,7 +137,7 @@ def run_claimed_job(
                         False, reason="error", claim_lost=True, output_tail=output.text()
                     )
                 if exc.retryable:
-                    next_beat = now + min(heartbeat_interval, backoff.next())
+                    next_beat = now + min(heartbeat_interval, backoff.failed())
                 logger.warning("job %s: heartbeat failed, will retry: %s", job_id, exc)
             else:
                 backoff.reset()

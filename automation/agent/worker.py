@@ -26,10 +26,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from automation.agent.client import AutomationInfo, Backoff, ClaimRefused, HubClient, HubError
+from automation.agent.client import AutomationInfo, ClaimRefused, HubClient, HubError
 from automation.agent.executor import Outcome, run_claimed_job
 from automation.agent.spool import OutcomeSpool, Report
-from relay.transports.consume import BadMessage
+from broker.consume import BadMessage
+from lifecycle import Backoff
 
 logger = logging.getLogger("hubdommed.agent")
 
@@ -232,7 +233,7 @@ class AutomationWorker:
         """
         job_id, token, kind = int(report["job_id"]), str(report["claim_token"]), report["kind"]
         send = self.client.complete if kind == "complete" else self.client.fail
-        backoff = Backoff(base=0.5, cap=self.report_backoff_cap)
+        backoff = Backoff(0.5, self.report_backoff_cap, jitter=True)
         while True:
             try:
                 send(job_id, token, **report["body"])
@@ -251,7 +252,7 @@ class AutomationWorker:
                     self.stats.errors.append(f"{job_id}: {exc}")
                     self._forget(report)
                     return False
-                pause = backoff.next()
+                pause = backoff.failed()
                 logger.warning(
                     "job %s: could not report the outcome yet, trying again in %.1f s: %s",
                     job_id,

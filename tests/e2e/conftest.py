@@ -25,10 +25,10 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from automation.services import automation_create
+from broker import topology
+from broker.topology import QUEUES
 from identity.tokens import issue_access_token
 from job.models import Job
-from outbox.models import QUEUES
-from relay import topology
 from sector.services import sector_create
 from tests.factories import PlatformAdminFactory, UserFactory
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from automation.agent.client import Backoff, HubError
+from automation.agent.client import HubError
+from lifecycle import Backoff
 
 
 @pytest.mark.parametrize(
@@ -24,9 +25,9 @@ def test_a_401_means_the_credential_was_refused():
 
 
 def test_pauses_double_up_to_the_cap_each_drawn_from_its_upper_half():
-    backoff = Backoff(base=0.5, cap=4.0)
+    backoff = Backoff(0.5, 4.0, jitter=True)
     ceilings = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
-    pauses = [backoff.next() for _ in ceilings]
+    pauses = [backoff.failed() for _ in ceilings]
     assert all(c / 2 <= p <= c for p, c in zip(pauses, ceilings, strict=True))
     backoff.reset()
-    assert backoff.next() <= 0.5
+    assert backoff.failed() <= 0.5

@@ -15,10 +15,10 @@ import pika.exceptions
 import pytest
 from django.db import connection
 
-from outbox.models import QUEUES
-from relay import topology
+from broker import topology
+from broker.sqs.publisher import sqs_client
+from broker.topology import QUEUES
 from relay.management.commands.run_relay import Command
-from relay.transports.sqs import sqs_client
 
 # The automations whose own queues the tests use; their queues are cleaned up too.
 AUTOMATION_IDS = (5, 6, 77)

@@ -19,11 +19,11 @@ from botocore.exceptions import ClientError
 from django.db import transaction
 from django.db.models import F
 
+from broker import OutgoingMessage, SendResult
+from broker.sqs.publisher import SQSTransport, batch_entries
 from outbox.models import OutboxMessage, PlatformOutboxMessage
 from outbox.services import dispatch, publish
 from relay.management.commands.run_relay import Command
-from relay.transports import OutgoingMessage, SendResult
-from relay.transports.sqs import SQSTransport, batch_entries
 from tests.factories import TenantFactory
 from tests.private_services import wait_for
 from tests.relay.conftest import RabbitConsumer, run_ids, take_all_sqs

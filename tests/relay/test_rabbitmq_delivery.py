@@ -11,9 +11,9 @@ import pytest
 from django.db import connection, transaction
 from django.db.models import F
 
+from broker import ensure_automation_queue, topology
 from outbox.models import OutboxMessage, PlatformOutboxMessage
 from outbox.services import dispatch, publish
-from relay import topology
 from relay.management.commands.run_relay import Command
 from tests.factories import TenantFactory
 from tests.relay.conftest import drain, insert_pending_rows, run_ids
@@ -216,9 +216,9 @@ def test_two_relays_over_10000_rows_send_none_twice(settings, rabbit):
 
 
 def test_an_automation_queue_is_created_on_demand_with_its_dead_letter_queue(settings):
-    name = topology.ensure_automation_queue(77)
+    name = ensure_automation_queue(77)
     assert name == f"{settings.QUEUE_PREFIX}automation-77"
-    assert topology.ensure_automation_queue(77) == name  # idempotent
+    assert ensure_automation_queue(77) == name  # idempotent
 
     conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
     try:

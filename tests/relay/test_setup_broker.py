@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import pika
 
-from relay import topology
+from broker import topology
 from tests.forwarding import Forwarder
 from tests.processes import process_environment
 

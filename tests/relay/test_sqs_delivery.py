@@ -9,11 +9,11 @@ import pytest
 from django.core.management import call_command
 from django.db import transaction
 
+from broker import topology
+from broker.sqs.publisher import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
 from outbox.models import OutboxMessage, PlatformOutboxMessage
 from outbox.services import dispatch, publish
-from relay import topology
 from relay.management.commands.run_relay import Command
-from relay.transports.sqs import MAX_BATCH_BYTES, MAX_BATCH_ENTRIES
 from tests.factories import TenantFactory
 from tests.relay.conftest import drain, run_ids, take_all_sqs
 

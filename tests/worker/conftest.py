@@ -22,14 +22,13 @@ import redis
 from django.conf import settings as django_settings
 from django.db import connection, transaction
 
-from outbox.models import QUEUES, PlatformOutboxMessage, TaskRun
-from outbox.runtime.loop import Worker
-from outbox.runtime.processor import TaskProcessor
+from broker import get_dead_letter_box, topology
+from broker.topology import QUEUES
+from outbox.models import PlatformOutboxMessage, TaskRun
 from outbox.services import dispatch
-from relay import topology
 from relay.engine import OutboxRelay
-from relay.transports.consume import get_consumer, get_dead_letter_box
 from tests.worker import tasks as test_tasks  # registers the test handlers
+from worker.builders import build_task_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 RETRY = {"max_receives": 5, "backoff_seconds": 0.4, "backoff_max_seconds": 1.6}
@@ -117,19 +116,15 @@ def relay(broker):
 
 
 class WorkerThread:
-    """``Worker`` + ``TaskProcessor`` in a thread, as ``run_worker`` wires them."""
+    """The background worker ``run_worker`` runs (``build_task_worker``), in a thread."""
 
     def __init__(self, *, concurrency: int = 2, stop_budget: float = 5.0, queues=("default",)):
-        self.consumer = get_consumer()
-        self.processor = TaskProcessor(self.consumer)
-        self.worker = Worker(
-            self.consumer,
-            list(queues),
-            self.processor,
-            concurrency=concurrency,
-            stop_budget=stop_budget,
-            poll_interval=0.05,
+        built = build_task_worker(
+            list(queues), concurrency=concurrency, stop_budget=stop_budget, poll_interval=0.05
         )
+        self.consumer = built.consumer
+        self.processor = built.processor
+        self.worker = built.loop
         self._thread = threading.Thread(target=self._run, name="worker", daemon=True)
         self.error: BaseException | None = None
 

@@ -6,5 +6,5 @@ import os
 from hubdommed.settings import *  # noqa: F403
 from hubdommed.settings import INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.worker"]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.worker.apps.WorkerTestsConfig"]
 TASKS_CATALOG = os.environ["TASKS_CATALOG"]

@@ -13,7 +13,7 @@ import redis
 from django.conf import settings
 
 from common.errors import InvalidInput
-from outbox.runtime import TaskMessage, task
+from outbox.handlers import TaskMessage, task
 
 
 class TransientProblem(Exception):

@@ -12,11 +12,10 @@ from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import transaction
 
+from broker import ensure_automation_queue, topology
+from broker.sqs.publisher import sqs_client
 from outbox.models import OutboxMessage, TaskRun
 from outbox.services import publish
-from relay import topology
-from relay.topology import ensure_automation_queue
-from relay.transports.sqs import sqs_client
 from tests.worker.conftest import dead_letters, dispatch_work, run_finished, run_of, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

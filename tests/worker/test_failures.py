@@ -114,4 +114,4 @@ def test_a_message_for_a_task_without_a_handler_is_parked_not_retried(
 
     assert run_of(run_id).receive_count == 1
     (letter,) = wait_for(lambda: dead_letters("default"), what="the dead letter")
-    assert letter.error["x-error-type"] == "outbox.runtime.errors.UnknownTaskHandler"
+    assert letter.error["x-error-type"] == "outbox.task_errors.UnknownTaskHandler"

@@ -12,7 +12,7 @@ from django.db import connection
 from django.utils import timezone
 
 from outbox.models import PlatformOutboxMessage, TaskRun
-from outbox.runtime.ledger import Begin, Lease, RunLedger, Started, requeue_failed_run
+from outbox.runs import Begin, Lease, RunLedger, Started, requeue_failed_run
 from tests.worker.conftest import (
     dispatch_work,
     executions,

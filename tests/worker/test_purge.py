@@ -8,9 +8,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from outbox.handlers import TaskMessage
 from outbox.models import OutboxMessage, PlatformOutboxMessage
-from outbox.runtime.registry import TaskMessage, discover_handlers
 from outbox.tasks import outbox_purge
+from worker.registry import discover_handlers
 
 pytestmark = pytest.mark.django_db
 

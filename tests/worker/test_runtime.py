@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from broker.consume import BadMessage, Delivery
 from common.errors import Conflict, Forbidden, InvalidInput, NotFound
 from outbox.catalog import RetryPolicy
-from outbox.runtime import PermanentError, is_permanent, task
-from outbox.runtime.processor import backoff_with_jitter
-from outbox.runtime.registry import get_handler
-from relay.transports.consume import BadMessage, Delivery
+from outbox.handlers import get_handler, task
+from outbox.task_errors import PermanentError, is_permanent
+from worker.processor import backoff_with_jitter
 
 
 @pytest.mark.parametrize("error", [PermanentError, InvalidInput, NotFound, Forbidden, BadMessage])

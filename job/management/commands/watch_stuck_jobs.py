@@ -26,8 +26,6 @@ the lock); they may each re-send a power-on, which is idempotent.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,11 +46,10 @@ from job.services import (
     jobs_restart_silent_workers,
     monitor_cycle_ended,
 )
+from lifecycle import Stop
 
 logger = logging.getLogger("hubdommed.monitor")
 
-# Longest single sleep (seconds) between cycles: how long SIGTERM may wait.
-SLEEP_SLICE = 1.0
 # From the end of one cycle to the start of the next is at most the interval (less when a
 # cycle is slow); longer than the interval plus this, and the monitor was not running.
 OUTAGE_MARGIN_SECONDS = 5.0
@@ -93,7 +90,7 @@ class Command(BaseCommand):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._stop = threading.Event()
+        self.stop = Stop()
         self.cycles = 0
         self.interval = settings.MONITOR_INTERVAL_SECONDS
 
@@ -108,7 +105,7 @@ class Command(BaseCommand):
 
     @property
     def shutdown(self) -> bool:
-        return self._stop.is_set()
+        return self.stop.requested
 
     # -- step methods (tested directly) --------------------------------------------------------
 
@@ -205,8 +202,7 @@ class Command(BaseCommand):
         return f"monitor stopped after {self.cycles} cycles"
 
     def run_forever(self, interval: float) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._on_signal)
+        self.stop.install()
         while not self.shutdown:
             started = time.monotonic()
             # A connection the database dropped (a restart, an idle timeout) or one past
@@ -216,12 +212,5 @@ class Command(BaseCommand):
             self.sleep_until(started + interval)
 
     def sleep_until(self, deadline: float) -> None:
-        # In slices, so that a stop never waits a whole interval.
-        while not self.shutdown:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._stop.wait(min(remaining, SLEEP_SLICE))
-
-    def _on_signal(self, signum, frame) -> None:
-        self._stop.set()
+        # Woken by a stop: it never waits a whole interval.
+        self.stop.sleep_until(deadline)

@@ -18,8 +18,6 @@ running anyway never send a row twice (SKIP LOCKED).
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 
 import redis
@@ -27,9 +25,10 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
+from broker import TransportUnavailable
+from lifecycle import Backoff, Stop
 from relay.engine import OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX, OutboxRelay
 from relay.schedules import enqueue_due_schedules
-from relay.transports import TransportUnavailable
 
 logger = logging.getLogger("hubdommed.relay")
 
@@ -44,20 +43,24 @@ class Command(BaseCommand):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._stop = threading.Event()
+        self.stop = Stop()
         self._relay: OutboxRelay | None = None
         self._redis: redis.Redis | None = None
         self._redis_down = False
         self._schedules_checked_at = float("-inf")
-        # Consecutive passes the database failed (0: it answers).
-        self.database_outages = 0
+        # Consecutive passes the database failed, and the pause they call for.
+        self._database = Backoff(OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX)
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="drain what is due once, then exit")
 
     @property
     def shutdown(self) -> bool:
-        return self._stop.is_set()
+        return self.stop.requested
+
+    @property
+    def database_outages(self) -> int:
+        return self._database.failures
 
     @property
     def relay(self) -> OutboxRelay:
@@ -113,7 +116,7 @@ class Command(BaseCommand):
                     timeout,
                 )
                 self._redis_down = True
-            self._stop.wait(timeout)
+            self.stop.wait(timeout)
             return
         if self._redis_down:
             logger.info("Redis reachable again: waking on the outbox signal")
@@ -161,8 +164,7 @@ class Command(BaseCommand):
         return f"relay stopped: {self.relay.sent} messages sent in {self.relay.batches} batches"
 
     def run_forever(self) -> None:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, self._on_signal)
+        self.stop.install()
         while not self.shutdown:
             try:
                 self.drain()
@@ -180,7 +182,7 @@ class Command(BaseCommand):
                 logger.info(
                     "database reachable again after %d failed passes", self.database_outages
                 )
-                self.database_outages = 0
+                self._database.reset()
             if self.shutdown:
                 break
             # While the broker is away: retry after a short backoff, or as soon as a commit
@@ -189,14 +191,12 @@ class Command(BaseCommand):
 
     @property
     def database_backoff(self) -> float:
-        if not self.database_outages:
-            return 0.0
-        return min(OUTAGE_BACKOFF_MAX, OUTAGE_BACKOFF_FIRST * 2 ** (self.database_outages - 1))
+        return self._database.pause
 
     def _database_failed(self, exc: Exception) -> None:
         """The database went away (or dropped this connection): one line, no traceback:
         an outage is expected, and the next pass reconnects."""
-        self.database_outages += 1
+        self._database.failed()
         self._drop_connection()
         logger.warning(
             "database unreachable (%s); retrying in %.1f s",
@@ -210,6 +210,3 @@ class Command(BaseCommand):
             connection.close()
         except Exception:  # already broken: nothing left to save
             logger.debug("closing the database connection failed", exc_info=True)
-
-    def _on_signal(self, signum, frame) -> None:
-        self._stop.set()

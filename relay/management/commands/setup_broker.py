@@ -15,10 +15,8 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from outbox.models import QUEUES
-from outbox.services import automation_queue_name
-from relay import topology
-from relay.transports import TransportUnavailable, get_transport
+from broker import TransportUnavailable, get_transport, topology
+from broker.topology import QUEUES, automation_queue_name
 
 
 class Command(BaseCommand):

@@ -36,6 +36,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from django.conf import settings
+
+from broker import topology
+
 # How much of a traceback travels with a dead-lettered message.
 TRACEBACK_EXCERPT_CHARS = 2000
 ERROR_MESSAGE_CHARS = 1000
@@ -58,7 +62,6 @@ class Delivery:
     broker_receive_count: int = 1
     message_id: str | None = None
     properties: Any = None
-    received_at: float = field(default_factory=time.monotonic)
     # The connection generation it arrived on (RabbitMQ): a tag from an older
     # connection cannot be settled any more, the broker already took the message back.
     generation: int = 0
@@ -142,10 +145,6 @@ def visibility_timeout(destination: str) -> int:
     (by queue class), unless ``WORKER_VISIBILITY_TIMEOUT`` overrides it. SQS hides a
     received message that long; the task runtime's run lease has the same length on
     both transports."""
-    from django.conf import settings
-
-    from relay import topology
-
     override = settings.WORKER_VISIBILITY_TIMEOUT
     if override:
         return max(1, math.ceil(override))
@@ -155,8 +154,6 @@ def visibility_timeout(destination: str) -> int:
 def heartbeat_interval(destination: str) -> float:
     """Seconds between two extensions of what ``visibility_timeout`` grants: a third of
     it, unless ``WORKER_HEARTBEAT_INTERVAL`` says otherwise."""
-    from django.conf import settings
-
     return settings.WORKER_HEARTBEAT_INTERVAL or visibility_timeout(destination) / 3
 
 
@@ -204,21 +201,6 @@ class Consumer(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
-
-
-def get_consumer(broker: str | None = None) -> Consumer:
-    from django.conf import settings
-
-    broker = broker or settings.BROKER
-    if broker == "rabbitmq":
-        from relay.transports.consume_rabbitmq import RabbitMQConsumer
-
-        return RabbitMQConsumer()
-    if broker == "sqs":
-        from relay.transports.consume_sqs import SQSConsumer
-
-        return SQSConsumer()
-    raise ValueError(f"unknown broker {broker!r} (known: rabbitmq, sqs)")
 
 
 @dataclass(frozen=True)
@@ -271,18 +253,3 @@ class DeadLetterBox(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release connections."""
-
-
-def get_dead_letter_box(broker: str | None = None) -> DeadLetterBox:
-    from django.conf import settings
-
-    broker = broker or settings.BROKER
-    if broker == "rabbitmq":
-        from relay.transports.consume_rabbitmq import RabbitMQDeadLetterBox
-
-        return RabbitMQDeadLetterBox()
-    if broker == "sqs":
-        from relay.transports.consume_sqs import SQSDeadLetterBox
-
-        return SQSDeadLetterBox()
-    raise ValueError(f"unknown broker {broker!r} (known: rabbitmq, sqs)")

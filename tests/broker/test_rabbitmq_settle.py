@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from relay.transports import consume_rabbitmq
-from relay.transports.base import TransportUnavailable
-from relay.transports.consume_rabbitmq import RabbitMQConsumer
+from broker.base import TransportUnavailable
+from broker.rabbitmq import consumer as consume_rabbitmq
+from broker.rabbitmq.consumer import RabbitMQConsumer
 
 
 @pytest.fixture

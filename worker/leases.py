@@ -20,7 +20,7 @@ import time
 
 from django.db import connection
 
-from outbox.runtime.ledger import Lease, RunLedger
+from outbox.runs import Lease, RunLedger
 
 logger = logging.getLogger("hubdommed.worker")
 

@@ -19,24 +19,22 @@ import logging
 import math
 import queue
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
 
-from relay import topology
-from relay.transports.base import TransportUnavailable
-from relay.transports.consume import (
+from broker import topology
+from broker.base import TransportUnavailable
+from broker.consume import (
     Consumer,
-    DeadLetter,
-    DeadLetterBox,
     Delivery,
     FailureContext,
     heartbeat_interval,
     visibility_timeout,
 )
-from relay.transports.sqs import MAX_BATCH_BYTES, SQSTransport, sqs_client
+from broker.sqs.publisher import MAX_BATCH_BYTES, SQSTransport, sqs_client
 
 logger = logging.getLogger("hubdommed.worker")
 
@@ -230,92 +228,3 @@ def _attributes_size(attributes: dict[str, dict[str, str]]) -> int:
         len(name.encode()) + len(value["DataType"].encode()) + len(value["StringValue"].encode())
         for name, value in attributes.items()
     )
-
-
-# How long a peeked dead letter stays hidden before being made visible again.
-PEEK_VISIBILITY = 30
-
-
-class SQSDeadLetterBox(DeadLetterBox):
-    """Receives from the ``-dlq`` queue (hiding what it looks at), then makes visible again
-    what it does not send back."""
-
-    def __init__(self) -> None:
-        self._client = sqs_client()
-
-    def _take(self, destination: str, limit: int) -> tuple[str, list[tuple[dict, DeadLetter]]]:
-        url = self._client.get_queue_url(QueueName=topology.dead_letter_queue_name(destination))[
-            "QueueUrl"
-        ]
-        taken: list[tuple[dict, DeadLetter]] = []
-        while len(taken) < limit:
-            messages = self._client.receive_message(
-                QueueUrl=url,
-                MaxNumberOfMessages=min(MAX_RECEIVE, limit - len(taken)),
-                WaitTimeSeconds=0,
-                VisibilityTimeout=PEEK_VISIBILITY,
-                MessageAttributeNames=["All"],
-            ).get("Messages", [])
-            if not messages:
-                break
-            for message in messages:
-                attributes = message.get("MessageAttributes", {})
-                error = {
-                    name: value.get("StringValue", "")
-                    for name, value in attributes.items()
-                    if name.startswith("x-error-")
-                }
-                letter = DeadLetter(
-                    destination, message["Body"].encode(), error, message.get("MessageId")
-                )
-                taken.append((message, letter))
-        return url, taken
-
-    def _show_again(self, url: str, messages: list[dict]) -> None:
-        for message in messages:
-            self._client.change_message_visibility(
-                QueueUrl=url, ReceiptHandle=message["ReceiptHandle"], VisibilityTimeout=0
-            )
-
-    def count(self, destination: str) -> int:
-        url = self._client.get_queue_url(QueueName=topology.dead_letter_queue_name(destination))[
-            "QueueUrl"
-        ]
-        attributes = self._client.get_queue_attributes(
-            QueueUrl=url,
-            AttributeNames=["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-        )["Attributes"]
-        # Messages this box is looking at right now are hidden, not gone: count them too.
-        return int(attributes.get("ApproximateNumberOfMessages", 0)) + int(
-            attributes.get("ApproximateNumberOfMessagesNotVisible", 0)
-        )
-
-    def peek(self, destination: str, limit: int) -> list[DeadLetter]:
-        url, taken = self._take(destination, limit)
-        self._show_again(url, [message for message, _ in taken])
-        return [letter for _, letter in taken]
-
-    def requeue(
-        self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
-    ) -> list[DeadLetter]:
-        url, taken = self._take(destination, limit)
-        target = self._client.get_queue_url(QueueName=topology.queue_name(destination))["QueueUrl"]
-        sent, left = [], []
-        for message, letter in taken:
-            if not choose(letter):
-                left.append(message)
-                continue
-            attributes = {
-                name: value
-                for name, value in message.get("MessageAttributes", {}).items()
-                if not name.startswith("x-error-") and name != "x-original-queue"
-            }
-            kwargs = {"MessageAttributes": attributes} if attributes else {}
-            self._client.send_message(QueueUrl=target, MessageBody=message["Body"], **kwargs)
-            self._client.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
-            sent.append(letter)
-        self._show_again(url, left)
-        return sent
-
-    def close(self) -> None:
-        self._client.close()

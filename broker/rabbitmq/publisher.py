@@ -34,9 +34,9 @@ import pika.exceptions
 from django.conf import settings
 from pika import spec
 
-from outbox.models import QUEUES
-from relay import topology
-from relay.transports.base import OutgoingMessage, SendResult, Transport, TransportUnavailable
+from broker import topology
+from broker.base import OutgoingMessage, SendResult, Transport, TransportUnavailable
+from broker.topology import QUEUES
 
 logger = logging.getLogger("hubdommed.relay")
 

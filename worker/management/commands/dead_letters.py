@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from outbox.models import QUEUES
-from outbox.runtime.ledger import requeue_failed_run
-from relay import topology
-from relay.transports import TransportUnavailable
-from relay.transports.consume import DeadLetter, get_dead_letter_box
+from broker import TransportUnavailable, get_dead_letter_box, topology
+from broker.consume import DeadLetter
+from broker.topology import QUEUES
+from outbox.runs import requeue_failed_run
 
 
 class Command(BaseCommand):

@@ -16,8 +16,8 @@ import re
 
 from django.conf import settings
 
-from outbox.models import QUEUES
-from outbox.services import automation_queue_name
+# The queue classes, in order of priority (the design's table).
+QUEUES = ("critical", "default", "bulk", "maintenance")
 
 # Seconds a received message stays invisible to other consumers (SQS), per queue class.
 VISIBILITY_TIMEOUT = {"critical": 60, "default": 120, "bulk": 15 * 60, "maintenance": 5 * 60}
@@ -31,6 +31,11 @@ _AUTOMATION = re.compile(r"automation-[1-9][0-9]*")
 
 class UnknownDestination(ValueError):
     """An envelope names a destination that is neither a queue class nor an automation."""
+
+
+def automation_queue_name(automation_id: int) -> str:
+    """The destination (queue name without prefix) of an automation's own worker."""
+    return f"automation-{automation_id}"
 
 
 def check_destination(destination: str) -> str:
@@ -60,21 +65,3 @@ def routing_key(destination: str, task: str) -> str:
 
 def binding_key(destination: str) -> str:
     return f"{check_destination(destination)}.#"
-
-
-def ensure_automation_queue(automation_id: int) -> str:
-    """Create an automation's own queue (and its dead-letter queue) on the configured broker.
-
-    Idempotent. Called by the task subscribed to ``AutomationCreated``; the relay also
-    makes sure of it before it publishes the first message addressed there.
-    Returns the queue's name.
-    """
-    from relay.transports import get_transport
-
-    destination = automation_queue_name(automation_id)
-    transport = get_transport()
-    try:
-        transport.ensure_destination(destination)
-    finally:
-        transport.close()
-    return queue_name(destination)

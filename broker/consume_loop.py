@@ -4,7 +4,7 @@ One thread (the caller of ``run``) owns the broker connection: it polls for deli
 hands them to ``concurrency`` worker threads, extends the visibility of what is in
 flight (SQS) and, on RabbitMQ, keeps the connection's heartbeats flowing however long
 the tasks take. What a delivery means is the ``Processor``'s business: the task runtime
-(``outbox.runtime.processor``) or an automation's own worker.
+(``worker.processor``) or an automation's own worker.
 
 Stopping (``stop()``, which a signal handler may call): fetch nothing more, remove the
 readiness file, wait for the tasks in flight, then give back what did not finish (the
@@ -23,12 +23,13 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from relay.transports.base import TransportUnavailable
-from relay.transports.consume import Consumer, Delivery
+from broker.base import TransportUnavailable
+from broker.consume import Consumer, Delivery
+from lifecycle import Backoff, Stop
 
 logger = logging.getLogger("hubdommed.worker")
 
@@ -64,10 +65,9 @@ class LoopStats:
     received: int = 0
     given_back: int = 0
     reconnects: int = 0
-    outcomes: dict[str, int] = field(default_factory=dict)
 
 
-class Worker:
+class ConsumeLoop:
     def __init__(
         self,
         consumer: Consumer,
@@ -89,7 +89,10 @@ class Worker:
         self.ready_file = Path(ready_file) if ready_file else None
         self.poll_interval = poll_interval
         self.stats = LoopStats()
-        self._stopping = threading.Event()
+        # The stop flag (a signal handler may set it: ``install`` it); setting it starts
+        # the stop budget's clock.
+        self.stop_flag = Stop()
+        self.stop_flag.on_stop(self._start_stop_clock)
         # When the stop must be over (monotonic), set by the first ``stop()``.
         self._stop_deadline: float | None = None
         self._ready = threading.Event()
@@ -101,9 +104,11 @@ class Worker:
     # -- control (any thread, signal handlers included) ------------------------------------
 
     def stop(self) -> None:
+        self.stop_flag.set()
+
+    def _start_stop_clock(self) -> None:
         if self._stop_deadline is None:
             self._stop_deadline = time.monotonic() + self.stop_budget
-        self._stopping.set()
 
     def _remaining(self) -> float:
         """Seconds left before the stop deadline (the whole budget before a stop)."""
@@ -113,7 +118,7 @@ class Worker:
 
     @property
     def stopping(self) -> bool:
-        return self._stopping.is_set()
+        return self.stop_flag.requested
 
     def wait_until_ready(self, timeout: float) -> bool:
         return self._ready.wait(timeout)
@@ -126,8 +131,22 @@ class Worker:
     # -- the loop --------------------------------------------------------------------------
 
     def run(self) -> LoopStats:
-        if not self._connect():
+        """Consume until stopped, then stop within the budget (``start``, ``step``s, ``finish``)."""
+        if not self.start():
             return self.stats
+        try:
+            while not self.stopping:
+                self.step(self.poll_interval)
+        except BaseException:
+            self._set_ready(False)
+            self.consumer.close()
+            raise
+        return self.finish()
+
+    def start(self) -> bool:
+        """Connect and start the slots' threads; False when stopped before the broker answered."""
+        if not self._connect():
+            return False
         for number in range(self.concurrency):
             thread = threading.Thread(target=self._work_loop, name=f"task-{number}", daemon=True)
             thread.start()
@@ -139,9 +158,11 @@ class Worker:
             self.consumer.name,
             self.concurrency,
         )
+        return True
+
+    def finish(self) -> LoopStats:
+        """After ``stop``: give back what did not finish in time, close the connection."""
         try:
-            while not self.stopping:
-                self.step(self.poll_interval)
             self._drain()
             # Idle threads end within a moment; one stuck in a handler is left behind.
             # All of them share what is left of the deadline, not half a second each.
@@ -152,8 +173,9 @@ class Worker:
             self.consumer.close()
         return self.stats
 
-    def step(self, timeout: float) -> None:
-        """One turn of the I/O thread: take deliveries, beat hearts."""
+    def step(self, timeout: float) -> bool:
+        """One turn of the I/O thread: take deliveries, beat hearts. True when deliveries
+        came (more may be waiting right away)."""
         try:
             deliveries = self.consumer.poll(timeout)
         except TransportUnavailable as exc:
@@ -161,22 +183,23 @@ class Worker:
             self._set_ready(False)
             if self._connect():
                 self._set_ready(True)
-            return
+            return False
         for delivery in deliveries:
             self._accept(delivery)
         self._heartbeat()
+        return bool(deliveries)
 
     def _connect(self) -> bool:
-        delay = RECONNECT_FIRST
+        backoff = Backoff(RECONNECT_FIRST, RECONNECT_MAX)
         while not self.stopping:
             try:
                 self.consumer.start(self.destinations, self.concurrency)
                 return True
             except TransportUnavailable as exc:
                 self.stats.reconnects += 1
+                delay = backoff.failed()
                 logger.warning("broker unreachable (%s); retrying in %.1f s", exc, delay)
-                self._stopping.wait(delay)
-                delay = min(RECONNECT_MAX, delay * 2)
+                self.stop_flag.wait(delay)
         return False
 
     def _accept(self, delivery: Delivery) -> None:

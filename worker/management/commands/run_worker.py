@@ -1,6 +1,6 @@
 """``manage.py run_worker``: run background tasks, or an automation's jobs, until told to stop.
 
-Two roles on one runtime (``outbox.runtime``):
+Two roles over one consume loop (``broker.consume_loop``), wired by ``worker.builders``:
 
 - ``run_worker --queues critical,default``: the hub's background worker. It runs the task
   handlers found in each app's ``tasks.py`` (docs/worker.md).
@@ -17,25 +17,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
-import threading
 from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from automation.agent.client import AutomationInfo, Backoff, HubClient, HubError
-from automation.agent.spool import OutcomeSpool
-from automation.agent.worker import AutomationWorker, JobOfferProcessor
+from automation.agent.client import AutomationInfo, HubClient, HubError
 from automation.machines.local import LOCK_FD_ENV
-from outbox.catalog import get_catalog
-from outbox.models import QUEUES
-from outbox.runtime.loop import Worker
-from outbox.runtime.processor import TaskProcessor
-from outbox.runtime.registry import discover_handlers
-from outbox.services import automation_queue_name
-from relay.transports.consume import get_consumer
+from broker.consume_loop import ConsumeLoop
+from broker.topology import QUEUES
+from lifecycle import Backoff, Stop
+from worker.builders import build_automation_worker, build_task_worker
 
 logger = logging.getLogger("hubdommed.worker")
 
@@ -96,34 +89,14 @@ class Command(BaseCommand):
         destinations = parse_queues(queues)
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
-        handlers = discover_handlers()
-        catalog = get_catalog()
-        missing = sorted(
-            spec.name
-            for spec in catalog.tasks.values()
-            if spec.destination == "queue"
-            and spec.queue in destinations
-            and spec.name not in handlers
-        )
-        if missing:
-            # Their messages would be dead-lettered: say so at start, not per message.
-            logger.warning("no handler for tasks %s", ", ".join(missing))
-        consumer = get_consumer()
-        processor = TaskProcessor(consumer)
-        worker = Worker(
-            consumer,
+        worker = build_task_worker(
             destinations,
-            processor,
             concurrency=concurrency,
             stop_budget=settings.WORKER_STOP_BUDGET,
             ready_file=settings.WORKER_READY_FILE or None,
         )
-        self._install_signals(worker)
-        stats = worker.run()
-        outcomes = " ".join(f"{name}={count}" for name, count in sorted(processor.outcomes.items()))
-        summary = f"worker stopped: {stats.received} received, {stats.given_back} given back" + (
-            f", {outcomes}" if outcomes else ""
-        )
+        self._install_signals(worker.loop)
+        summary = worker.summary(worker.run())
         self._exit_now(summary)
 
     def _exit_now(self, summary: str) -> None:
@@ -148,58 +121,30 @@ class Command(BaseCommand):
         info = self._wait_for_hub(client)
         if info.slug != slug:
             raise CommandError(f"this credential belongs to automation {info.slug!r}, not {slug!r}")
-        agent = AutomationWorker(
+        runtime = build_automation_worker(
             client,
             info,
             poll_interval=poll_interval,
             idle_timeout=idle_timeout,
-            stop_budget=settings.WORKER_STOP_BUDGET,
-            spool=OutcomeSpool(outcomes_dir(slug)),
-            report_backoff_cap=settings.AGENT_REPORT_BACKOFF_MAX,
-        )
-        consumer = get_consumer()
-        loop = Worker(
-            consumer,
-            [automation_queue_name(info.id)],
-            JobOfferProcessor(consumer, agent),
-            concurrency=1,
-            stop_budget=0,
+            outcomes_dir=outcomes_dir(slug),
             ready_file=settings.WORKER_READY_FILE or None,
         )
-
-        def run_jobs() -> None:
-            try:
-                agent.run(release_machine=release_machine_lock)
-            finally:
-                loop.stop()  # idle, or shutting down: the queue consumer stops too
-
-        jobs = threading.Thread(target=run_jobs, name="automation-worker")
-        self._install_signals(loop, also=agent.shutdown.set)
-        jobs.start()
-        loop.run()
-        agent.shutdown.set()
-        jobs.join()
-        client.close()
-        stats = agent.stats
-        return (
-            f"worker of {slug} stopped: {stats.claimed} claimed, {stats.succeeded} succeeded, "
-            f"{stats.failed} failed, {stats.refused} refused, {stats.lost} lost"
-        )
+        self._install_signals(runtime.loop)
+        return runtime.run(release_machine=release_machine_lock)
 
     def _wait_for_hub(self, client: HubClient) -> AutomationInfo:
         """Who this worker is, asked of the hub; a hub that does not answer yet (starting,
         restarting) is waited for, a refusal (a credential that does not work) is final."""
-        stop = threading.Event()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stop.set())
-        backoff = Backoff(base=0.5, cap=settings.AGENT_REPORT_BACKOFF_MAX)
+        stop = Stop()
+        stop.install()
+        backoff = Backoff(0.5, settings.AGENT_REPORT_BACKOFF_MAX, jitter=True)
         while True:
             try:
                 return client.me()
             except HubError as exc:
                 if not exc.retryable:
                     raise CommandError(f"the hub at {settings.HUB_URL} refused: {exc}") from exc
-                pause = backoff.next()
+                pause = backoff.failed()
                 logger.warning(
                     "the hub at %s does not answer yet, trying again in %.1f s: %s",
                     settings.HUB_URL,
@@ -209,18 +154,9 @@ class Command(BaseCommand):
                 if stop.wait(pause):
                     raise CommandError("stopped before the hub answered") from exc
 
-    def _install_signals(self, worker: Worker, also=None) -> None:
-        def on_signal(signum, frame):
-            if worker.stopping:
-                # Asked twice: leave now. Unsettled messages come back by themselves.
-                os._exit(1)
-            # Only set the flags: the loops do the rest (and the logging) outside the handler.
-            worker.stop()
-            if also is not None:
-                also()
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, on_signal)
+    def _install_signals(self, loop: ConsumeLoop) -> None:
+        # Asked twice: leave now. Unsettled messages come back by themselves.
+        loop.stop_flag.install(twice=lambda: os._exit(1))
 
 
 def release_machine_lock() -> None:

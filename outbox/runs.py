@@ -25,9 +25,9 @@ from django.db.models import Q
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from broker.consume import FailureContext
 from outbox.models import OutboxMessage, PlatformOutboxMessage, TaskRun
 from outbox.services import publish
-from relay.transports.consume import FailureContext
 
 # Re-arms a message's own outbox row: the relay sends it again once it is due. The row
 # may have been purged already (sent more than 7 days ago): then it is written again.

@@ -30,14 +30,8 @@ from typing import Any
 
 from django.db import close_old_connections, connection
 
-from common.context import reset_correlation_id, set_correlation_id
-from outbox.catalog import RetryPolicy, UnknownTask, get_catalog
-from outbox.runtime.errors import UnknownTaskHandler, is_permanent
-from outbox.runtime.leases import LeaseKeeper
-from outbox.runtime.ledger import Begin, Lease, RunLedger, new_holder, rearm_outbox_row
-from outbox.runtime.registry import TaskMessage, get_handler
-from relay.transports.base import TransportUnavailable
-from relay.transports.consume import (
+from broker.base import TransportUnavailable
+from broker.consume import (
     BadMessage,
     Consumer,
     Delivery,
@@ -45,6 +39,12 @@ from relay.transports.consume import (
     heartbeat_interval,
     visibility_timeout,
 )
+from common.context import reset_correlation_id, set_correlation_id
+from outbox.catalog import RetryPolicy, UnknownTask, get_catalog
+from outbox.handlers import TaskMessage, get_handler
+from outbox.runs import Begin, Lease, RunLedger, new_holder, rearm_outbox_row
+from outbox.task_errors import UnknownTaskHandler, is_permanent
+from worker.leases import LeaseKeeper
 
 logger = logging.getLogger("hubdommed.worker")
 

@@ -2,13 +2,14 @@
 
 A handler is a plain function taking one ``TaskMessage``::
 
-    from outbox.runtime import task
+    from outbox.handlers import TaskMessage, task
 
     @task("maintenance.purge")
     def purge(message: TaskMessage) -> None: ...
 
-Handlers live in each app's ``tasks.py``. Only the worker imports those modules
-(``discover_handlers``); the API finds a task's queue and subscribers in the catalog
+Handlers live in each app's ``tasks.py`` and import only this module and
+``outbox.task_errors``, never the worker. Only the worker imports those modules
+(``worker.registry.discover_handlers``); the API finds a task's queue and subscribers in the catalog
 and never imports a handler.
 """
 
@@ -20,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import autodiscover_modules
 
 
 @dataclass(frozen=True)
@@ -68,9 +68,3 @@ def get_handler(name: str) -> Handler | None:
 
 def registered() -> dict[str, Handler]:
     return dict(_handlers)
-
-
-def discover_handlers() -> dict[str, Handler]:
-    """Import every installed app's ``tasks`` module (the worker only)."""
-    autodiscover_modules("tasks")
-    return registered()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from broker.consume import BadMessage
 from common.errors import Forbidden, InvalidInput, NotFound
-from relay.transports.consume import BadMessage
 
 
 class PermanentError(Exception):

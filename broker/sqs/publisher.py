@@ -19,9 +19,9 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
 
-from outbox.models import QUEUES
-from relay import topology
-from relay.transports.base import OutgoingMessage, SendResult, Transport, TransportUnavailable
+from broker import topology
+from broker.base import OutgoingMessage, SendResult, Transport, TransportUnavailable
+from broker.topology import QUEUES
 
 logger = logging.getLogger("hubdommed.relay")
 

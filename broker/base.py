@@ -63,9 +63,3 @@ class Transport(ABC):
     @abstractmethod
     def close(self) -> None:
         """Drop the connection; the next call reconnects."""
-
-    def __enter__(self) -> Transport:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -1,0 +1,139 @@
+"""How the two runtimes are put together over the consume loop: the one place that wires
+them, used by ``manage.py run_worker`` and by the tests and benchmarks alike.
+
+- ``build_task_worker``: the hub's background worker, the task processor (``task_runs``,
+  retries, dead letters) over a ``ConsumeLoop`` on the queue classes given;
+- ``build_automation_worker``: an automation's own worker (``automation.agent``), no
+  database, its job offers from its automation's queue over the same loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from automation.agent.client import AutomationInfo, HubClient
+from automation.agent.spool import OutcomeSpool
+from automation.agent.worker import AutomationWorker, JobOfferProcessor
+from broker import get_consumer
+from broker.consume import Consumer
+from broker.consume_loop import ConsumeLoop, LoopStats
+from broker.topology import automation_queue_name
+from outbox.catalog import get_catalog
+from worker.processor import TaskProcessor
+from worker.registry import discover_handlers, missing_handlers
+
+logger = logging.getLogger("hubdommed.worker")
+
+
+@dataclass
+class TaskWorker:
+    consumer: Consumer
+    processor: TaskProcessor
+    loop: ConsumeLoop
+
+    def run(self) -> LoopStats:
+        return self.loop.run()
+
+    def summary(self, stats: LoopStats) -> str:
+        outcomes = " ".join(
+            f"{name}={count}" for name, count in sorted(self.processor.outcomes.items())
+        )
+        return f"worker stopped: {stats.received} received, {stats.given_back} given back" + (
+            f", {outcomes}" if outcomes else ""
+        )
+
+
+def build_task_worker(
+    destinations: Sequence[str],
+    *,
+    concurrency: int,
+    stop_budget: float,
+    ready_file: str | Path | None = None,
+    poll_interval: float = 0.2,
+) -> TaskWorker:
+    """The background worker for these queue classes, its handlers discovered."""
+    handlers = discover_handlers()
+    missing = missing_handlers(get_catalog(), list(destinations), handlers)
+    if missing:
+        # Their messages would be dead-lettered: say so at start, not per message.
+        logger.warning("no handler for tasks %s", ", ".join(missing))
+    consumer = get_consumer()
+    processor = TaskProcessor(consumer)
+    loop = ConsumeLoop(
+        consumer,
+        destinations,
+        processor,
+        concurrency=concurrency,
+        stop_budget=stop_budget,
+        ready_file=ready_file,
+        poll_interval=poll_interval,
+    )
+    return TaskWorker(consumer, processor, loop)
+
+
+@dataclass
+class AutomationRuntime:
+    client: HubClient
+    agent: AutomationWorker
+    loop: ConsumeLoop
+
+    def run(self, *, release_machine: Callable[[], None] | None = None) -> str:
+        """Consume the automation's queue and run its jobs until idle or stopped."""
+
+        def run_jobs() -> None:
+            try:
+                self.agent.run(release_machine=release_machine)
+            finally:
+                self.loop.stop()  # idle, or shutting down: the queue consumer stops too
+
+        jobs = threading.Thread(target=run_jobs, name="automation-worker")
+        jobs.start()
+        self.loop.run()
+        self.agent.shutdown.set()
+        jobs.join()
+        self.client.close()
+        stats = self.agent.stats
+        return (
+            f"worker of {self.agent.automation.slug} stopped: {stats.claimed} claimed, "
+            f"{stats.succeeded} succeeded, {stats.failed} failed, {stats.refused} refused, "
+            f"{stats.lost} lost"
+        )
+
+
+def build_automation_worker(
+    client: HubClient,
+    info: AutomationInfo,
+    *,
+    poll_interval: float,
+    idle_timeout: float | None,
+    outcomes_dir: Path,
+    ready_file: str | Path | None = None,
+) -> AutomationRuntime:
+    """An automation's worker: the agent, and its queue's offers over a consume loop."""
+    agent = AutomationWorker(
+        client,
+        info,
+        poll_interval=poll_interval,
+        idle_timeout=idle_timeout,
+        stop_budget=settings.WORKER_STOP_BUDGET,
+        spool=OutcomeSpool(outcomes_dir),
+        report_backoff_cap=settings.AGENT_REPORT_BACKOFF_MAX,
+    )
+    consumer = get_consumer()
+    loop = ConsumeLoop(
+        consumer,
+        [automation_queue_name(info.id)],
+        JobOfferProcessor(consumer, agent),
+        concurrency=1,
+        stop_budget=0,
+        ready_file=ready_file,
+    )
+    # A stop of the loop (a signal) is the agent's stop too.
+    loop.stop_flag.on_stop(agent.shutdown.set)
+    return AutomationRuntime(client, agent, loop)
