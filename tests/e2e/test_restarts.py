@@ -164,6 +164,13 @@ def test_stopping_the_whole_system_while_a_job_runs_loses_nothing(
             timeout=60,
             describe=lambda: f"job is {job_status(job.id)}\n{stack.log_text()}",
         )
+        # The worker lets go of the kept outcome once the hub took it, a moment after the
+        # job's end is committed: before the stack stops under it.
+        wait_until(
+            lambda: not list((stack.machines / "survivor.outcomes").glob("job-*.json")),
+            timeout=30,
+            describe=stack.log_text,
+        )
     finally:
         stack.cleanup()
         # make run's demo automation got its own queue too: deleted with the others.

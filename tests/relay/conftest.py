@@ -61,7 +61,13 @@ class RabbitConsumer:
     """Reads what reached a queue, the way a worker would (then acks it)."""
 
     def __init__(self, url: str):
+        self.url = url
         self.connection = pika.BlockingConnection(pika.URLParameters(url))
+        self.channel = self.connection.channel()
+
+    def reconnect(self) -> None:
+        self.close()
+        self.connection = pika.BlockingConnection(pika.URLParameters(self.url))
         self.channel = self.connection.channel()
 
     def take_all(self, destination: str, idle: float = 0.3) -> list[tuple[object, dict]]:
@@ -98,7 +104,9 @@ class RabbitConsumer:
         return None
 
     def close(self) -> None:
-        self.connection.close()
+        # A broker that went away (or refused us) has closed it already.
+        if self.connection.is_open:
+            self.connection.close()
 
 
 @pytest.fixture

@@ -42,7 +42,17 @@ def daemons():
 def first_message(consumer: RabbitConsumer):
     """The hourly purge, due at the relay's first start (its queue declared first)."""
     wait_for(lambda: consumer.exists("maintenance"), 30, "the relay to declare its queues")
-    return consumer.take_one("maintenance", timeout=30)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return consumer.take_one("maintenance", timeout=max(1.0, deadline - time.monotonic()))
+        except pika.exceptions.AMQPError:
+            # A quorum queue just declared on a loaded node may refuse a consumer for a
+            # moment (541 INTERNAL_ERROR while its leader is elected): ask again.
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+            consumer.reconnect()
 
 
 def relay_environment(settings, **kwargs) -> dict[str, str]:
