@@ -30,7 +30,8 @@ def _base_name() -> str:
 def migrated_template():
     """A migrated database on the shared PostgreSQL that scenarios copy (copying is
     instant; migrating takes half a minute)."""
-    name = f"{_base_name()}_rel_template"[:63]
+    # Its own per session: two runs on one machine must not drop each other's template.
+    name = f"{_base_name()}_rel_template_{uuid.uuid4().hex[:6]}"[:63]
     url = _shared_url(name)
     create_database(url)
     migrate(url)

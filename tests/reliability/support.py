@@ -116,13 +116,12 @@ class FigureBook:
         data = figures.as_dict()
         if tmp_path is not None:
             (tmp_path / "figures.json").write_text(json.dumps(data, indent=2))
-        FIGURES_DIR.mkdir(parents=True, exist_ok=True)
-        path = FIGURES_DIR / f"figures-{data['mode']}.json"
-        everything = {}
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            everything = json.loads(path.read_text())
-        everything[figures.scenario] = data
-        path.write_text(json.dumps(everything, indent=2, sort_keys=True))
+        # One file per scenario: two runs at once (the soak beside the rest) never
+        # rewrite each other's.
+        directory = FIGURES_DIR / str(data["mode"])
+        directory.mkdir(parents=True, exist_ok=True)
+        slug = "".join(c if c.isalnum() else "-" for c in figures.scenario.lower())
+        (directory / f"{slug}.json").write_text(json.dumps(data, indent=2))
 
 
 BOOK = FigureBook()
@@ -350,6 +349,16 @@ class Stack:
     def relay(self, name: str = "relay", **env: object) -> subprocess.Popen:
         env.setdefault("RELAY_SWEEP_INTERVAL", "0.5")
         return self.start(name, "run_relay", HUBDOMMED_RELAY="true", **env)
+
+    def wait_for_relay(self, timeout: float = 60) -> None:
+        """Until the relay is up: it has sent the hourly purge, due at its first start."""
+        wait_for(
+            lambda: self.database.value(
+                "SELECT count(*) FROM platform_outbox_messages WHERE sent_at IS NOT NULL"
+            ),
+            timeout=timeout,
+            what=f"the relay to start\n{self.log_tail('relay')}",
+        )
 
     def worker(self, *args: str, name: str = "worker", **env: object) -> subprocess.Popen:
         return self.start(name, "run_worker", *args, **env)
