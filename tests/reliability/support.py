@@ -610,7 +610,8 @@ class JobTraffic:
     def join(self, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(max(0.1, deadline - time.monotonic()))
+            if thread.ident is not None:  # started
+                thread.join(max(0.1, deadline - time.monotonic()))
         assert not any(t.is_alive() for t in self._threads), "client threads did not finish"
 
     def done(self) -> bool:
