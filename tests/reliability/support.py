@@ -432,9 +432,10 @@ class Stack:
             f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}" for p in paths if p.exists()
         )
 
-    def rss_kib(self, name: str) -> int:
-        """Resident memory of a process and its children (gunicorn's workers), in KiB."""
-        return sum(rss_kib(pid) for pid in process_tree(self.processes[name].pid))
+    def rss_kib(self, name: str, *, children: bool = True) -> int:
+        """Resident memory of a process, with its children (gunicorn's workers), in KiB."""
+        pid = self.processes[name].pid
+        return sum(rss_kib(p) for p in (process_tree(pid) if children else [pid]))
 
 
 def process_tree(pid: int) -> list[int]:
@@ -537,7 +538,7 @@ class JobTraffic:
             threading.Thread(target=self._run, name=f"traffic-{i}", daemon=True)
             for i in range(threads)
         ]
-        self._started = 0.0
+        self.started_at = 0.0
 
     @property
     def sent(self) -> int:
@@ -548,7 +549,7 @@ class JobTraffic:
         return self.statuses[201]
 
     def start(self) -> JobTraffic:
-        self._started = time.monotonic()
+        self.started_at = time.monotonic()
         for thread in self._threads:
             thread.start()
         return self
@@ -560,7 +561,7 @@ class JobTraffic:
             self._issued += 1
             n = self._issued
         if self.rate:
-            delay = self._started + n / self.rate - time.monotonic()
+            delay = self.started_at + n / self.rate - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
         return n
@@ -616,6 +617,40 @@ class JobTraffic:
 
     def done(self) -> bool:
         return not any(t.is_alive() for t in self._threads)
+
+
+class LagProbe:
+    """Samples the age of the oldest due, unsent row (the outbox's lag) in a thread."""
+
+    def __init__(self, stack: Stack, every: float = 0.1) -> None:
+        self.stack = stack
+        self.every = every
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self.samples.append(self.stack.database.oldest_pending_age())
+
+    def start(self) -> LagProbe:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> LagProbe:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def worst(self) -> float:
+        return max(self.samples, default=0.0)
 
 
 # -- what reaches the broker -----------------------------------------------------------------

@@ -7,7 +7,6 @@ backlog drains within seconds of the dependency's return, however long it was aw
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -16,6 +15,7 @@ from tests.reliability.support import (
     BrokerAudit,
     Figures,
     JobTraffic,
+    LagProbe,
     delete_broker_names,
     job_queues,
     scaled,
@@ -116,33 +116,6 @@ def test_broker_stopped_then_reset_costs_no_request_and_no_message(
     assert not lost
     assert stop_recovery <= DRAIN_BOUND
     assert reset_recovery <= DRAIN_BOUND
-
-
-class LagProbe:
-    """Samples the age of the oldest due, unsent row (the outbox's lag) in a thread."""
-
-    def __init__(self, stack, every: float = 0.1) -> None:
-        self.stack = stack
-        self.every = every
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every):
-            self.samples.append(self.stack.database.oldest_pending_age())
-
-    def __enter__(self) -> LagProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    @property
-    def worst(self) -> float:
-        return max(self.samples, default=0.0)
 
 
 @pytest.mark.timeout(scaled(240, 600))

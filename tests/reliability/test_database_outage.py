@@ -180,6 +180,7 @@ def test_database_restarted_and_backends_terminated_everything_recovers_by_itsel
     assert alive == dict.fromkeys(alive, True), stack.log_tail()
     assert "0 step errors" in last_cycle, last_cycle
     assert statuses.get("running", 0) == 0 and statuses.get("pending", 0) == 0, statuses
-    # While the database is down the API cannot take a job: it says so (never a hang);
-    # every job it did accept ran.
-    assert set(traffic.statuses) <= {201, 500, 503, "error"}, traffic.failures[:5]
+    # While the database is down the API cannot take a job: it says so with a 503 the
+    # client may retry (never a 500, a hang or a dropped connection); every job it did
+    # accept ran.
+    assert set(traffic.statuses) <= {201, 503}, traffic.failures[:5]

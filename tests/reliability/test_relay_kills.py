@@ -28,6 +28,15 @@ JOBS = scaled(1_000, 10_000)
 KILLS = scaled(4, 12)
 
 
+def kill_gap(traffic: JobTraffic, kills_left: int) -> float:
+    """The mean wait before the next kill that spreads the kills left over the traffic left."""
+    elapsed = time.monotonic() - traffic.started_at
+    if traffic.done() or not traffic.sent or elapsed <= 0:
+        return 0.3
+    time_left = (JOBS - traffic.sent) / (traffic.sent / elapsed)
+    return max(0.3, time_left / (kills_left + 1))
+
+
 @pytest.mark.timeout(scaled(300, 1800))
 def test_relay_killed_at_random_moments_loses_no_job_created(
     scenario_database, make_stack, figures
@@ -45,7 +54,7 @@ def test_relay_killed_at_random_moments_loses_no_job_created(
         recoveries: list[float] = []
         kills_while_creating = 0
         while len(kills) < KILLS:
-            time.sleep(rng.uniform(0.3, 1.5))
+            time.sleep(rng.uniform(0.3, 2 * kill_gap(traffic, KILLS - len(kills))))
             stack.signal("relay", signal.SIGKILL)
             stack.processes["relay"].wait(timeout=10)
             kills.append(time.monotonic())
