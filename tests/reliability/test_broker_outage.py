@@ -123,7 +123,7 @@ def test_redis_stopped_costs_no_request_and_delivery_falls_back_to_the_sweep(
     scenario_database, private_redis, make_stack, figures
 ):
     sweep = 1.0
-    phase = scaled(8, 30)
+    phase = scaled(6, 30)
     stack = make_stack(database_url=scenario_database, redis_url=private_redis.url)
     seeded = seed(stack)
     stack.api(workers=3)

@@ -22,7 +22,7 @@ import redis
 
 from tests.reliability.support import BrokerAudit, Figures, scaled, seed, wait_for
 
-GOOD_BETWEEN = scaled(10, 50)
+GOOD_BETWEEN = scaled(5, 10)
 MAX_MESSAGE_SIZE = 64 * 1024
 # What moto's SQS takes (AWS's own limit since 2025); the relay cuts calls at 256 KiB.
 SQS_LIMIT = 1024 * 1024

@@ -22,7 +22,7 @@ from tests.reliability.support import (
     wait_for,
 )
 
-RUNS = scaled(300, 2_000)
+RUNS = scaled(200, 2_000)
 ROUNDS = scaled(3, 10)  # each round: one SIGKILL and one SIGTERM
 CONCURRENCY = 4
 STOP_BUDGET = 3.0
