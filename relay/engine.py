@@ -7,9 +7,10 @@ while holding the locks, and in the same transaction:
 - marks ``sent_at`` on what the broker confirmed;
 - adds one to ``attempts`` of what the broker never answered (it is unreachable): the
   row is not at fault, so it stays due and the relay itself waits before retrying;
-- adds one to ``attempts`` of what the broker refused one by one, and moves its
-  ``available_at`` forward (exponential, capped), so a poison row neither blocks the
-  others nor makes the relay loop hot on it.
+- adds one to ``attempts`` of what the broker refused one by one (a nack, a return, the
+  channel closed over that message), and moves its ``available_at`` forward
+  (exponential, capped), so a poison row neither blocks the others nor makes the relay
+  loop hot on it. A refusal of one message is never an outage.
 
 Delivery is at least once: a crash between the broker's confirm and the commit sends
 those rows again, and consumers dedupe by ``run_id``.
@@ -51,9 +52,11 @@ _BACK_OFF = """
      WHERE id = ANY(%s)
 """
 
-# Waiting between reconnection attempts while the broker is unreachable.
+# Waiting between reconnection attempts while the broker (or the database) is unreachable.
+# Capped low: a failed attempt costs little (a refused connection), and the time from a
+# dependency's return to the backlog draining must not grow with the outage's length.
 OUTAGE_BACKOFF_FIRST = 0.5
-OUTAGE_BACKOFF_MAX = 30.0
+OUTAGE_BACKOFF_MAX = 2.0
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -420,6 +421,56 @@ def migrate(postgres: PrivatePostgres, database: str, settings) -> None:
         capture_output=True,
         timeout=300,
     )
+
+
+class Daemon:
+    """``manage.py <command>`` as a subprocess (a daemon under test); its log lines (stderr)
+    collected as they come, so a test can wait for one."""
+
+    def __init__(self, command: str, *args: str, env: dict[str, str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", command, *args],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for_line(self, text: str, timeout: float, after: int = 0) -> str:
+        """The first log line from number ``after`` on that contains ``text``."""
+
+        def found():
+            return next((line for line in self.lines[after:] if text in line), None)
+
+        return wait_for(found, timeout, f"a log line with {text!r}")
+
+    def stop(self, timeout: float = 20) -> int:
+        """SIGTERM, wait (SIGKILL past ``timeout``); the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        self._reader.join(5)
+        self.out = self.process.stdout.read() if not self.process.stdout.closed else ""
+        self.process.stdout.close()
+        return self.process.returncode
 
 
 # -- fixtures (registered in tests/conftest.py) -------------------------------------------------

@@ -7,9 +7,12 @@ the tasks take. What a delivery means is the ``Processor``'s business: the task 
 (``outbox.runtime.processor``) or an automation's own worker.
 
 Stopping (``stop()``, which a signal handler may call): fetch nothing more, remove the
-readiness file, wait for the tasks in flight up to the stop budget, then give back what
-did not finish (the processor records it: the task runtime puts its run back to
-``queued``) and return.
+readiness file, wait for the tasks in flight, then give back what did not finish (the
+processor records it: the task runtime puts its run back to ``queued``) and return. The
+whole stop, from ``stop()`` to ``run()`` returning, keeps to ONE deadline, the stop
+budget: waiting for the tasks ends a moment before it so that giving back and closing
+fit, and handler threads still stuck at the deadline are left behind (they are daemon
+threads; their messages were given back).
 """
 
 from __future__ import annotations
@@ -29,9 +32,13 @@ from relay.transports.consume import Consumer, Delivery
 
 logger = logging.getLogger("hubdommed.worker")
 
-# Waiting between reconnection attempts while the broker is unreachable.
+# Waiting between reconnection attempts while the broker is unreachable. Capped low: the
+# time from the broker's return to consuming again must not grow with the outage.
 RECONNECT_FIRST = 0.5
-RECONNECT_MAX = 30.0
+RECONNECT_MAX = 5.0
+# Of the stop budget, what is kept for giving back unfinished work and closing.
+STOP_RESERVE_SHARE = 0.1
+STOP_RESERVE_MAX = 1.0
 
 
 class Processor(Protocol):
@@ -83,6 +90,8 @@ class Worker:
         self.poll_interval = poll_interval
         self.stats = LoopStats()
         self._stopping = threading.Event()
+        # When the stop must be over (monotonic), set by the first ``stop()``.
+        self._stop_deadline: float | None = None
         self._ready = threading.Event()
         self._work: queue.Queue[Delivery] = queue.Queue()
         self._in_flight: dict[int, _InFlight] = {}
@@ -92,7 +101,15 @@ class Worker:
     # -- control (any thread, signal handlers included) ------------------------------------
 
     def stop(self) -> None:
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.stop_budget
         self._stopping.set()
+
+    def _remaining(self) -> float:
+        """Seconds left before the stop deadline (the whole budget before a stop)."""
+        if self._stop_deadline is None:
+            return self.stop_budget
+        return max(0.0, self._stop_deadline - time.monotonic())
 
     @property
     def stopping(self) -> bool:
@@ -127,8 +144,9 @@ class Worker:
                 self.step(self.poll_interval)
             self._drain()
             # Idle threads end within a moment; one stuck in a handler is left behind.
+            # All of them share what is left of the deadline, not half a second each.
             for thread in self._threads:
-                thread.join(timeout=0.5)
+                thread.join(timeout=min(0.5, self._remaining()))
         finally:
             self._set_ready(False)
             self.consumer.close()
@@ -232,11 +250,14 @@ class Worker:
         logger.info("worker stopping: no longer fetching")
         self._set_ready(False)
         self.consumer.stop_fetching()
-        deadline = time.monotonic() + self.stop_budget
+        reserve = min(STOP_RESERVE_MAX, self.stop_budget * STOP_RESERVE_SHARE)
+        deadline = time.monotonic() + max(0.0, self._remaining() - reserve)
         waiting = self.in_flight
         if waiting:
             logger.info(
-                "worker stopping: waiting up to %.1f s for %d tasks", self.stop_budget, waiting
+                "worker stopping: waiting up to %.1f s for %d tasks",
+                max(0.0, deadline - time.monotonic()),
+                waiting,
             )
         while self.in_flight and time.monotonic() < deadline:
             self.step(min(0.1, max(0.0, deadline - time.monotonic())))

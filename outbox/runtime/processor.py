@@ -74,6 +74,10 @@ class TaskProcessor:
         self._claims_lock = threading.Lock()
 
     def process(self, delivery: Delivery) -> None:
+        # A connection the database dropped while this thread was idle (a restart, a
+        # terminated backend) is replaced before the claim, not found dead by it (with
+        # CONN_HEALTH_CHECKS the first query after this checks it).
+        close_old_connections()
         try:
             self._process(delivery)
         except Exception as exc:
@@ -92,6 +96,7 @@ class TaskProcessor:
         if lease is None:
             # Not claimed (yet): whoever claims it finds it given back and lets go.
             return
+        close_old_connections()
         try:
             self.ledger.requeued(lease.run_id, holder=lease.holder)
         finally:

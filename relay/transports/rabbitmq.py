@@ -6,6 +6,14 @@ the relay drives a ``SelectConnection`` itself: it writes a whole batch to the s
 then runs the I/O loop until the broker has acked (or nacked) every delivery tag,
 ``multiple=True`` acks settling many at once. Only acked messages count as sent.
 
+A refusal of one message is that message's fault, whatever form the broker gives it: a
+nack, a return (unroutable), or the publishing channel closed over it (``406
+PRECONDITION_FAILED`` for a message over ``max_message_size``). After such a close the
+connection opens a new channel and publishes the messages still unanswered one at a
+time, so that the next close names its culprit; the rest goes on pipelined. Only a lost
+connection, or a close that no message explains, is an outage. A ``404 NOT_FOUND`` (the
+exchange is gone: a node reset, a new cluster) declares the topology again and resends.
+
 Topology (see docs/messaging.md): the exchange ``settings.RABBITMQ_EXCHANGE`` (topic,
 durable); per destination a quorum queue bound with ``<destination>.#``, with
 ``x-delivery-limit`` 7 and dead-lettering through the default exchange to
@@ -35,6 +43,17 @@ logger = logging.getLogger("hubdommed.relay")
 # Seconds to wait for the broker to open a connection or answer a batch.
 CONNECT_TIMEOUT = 5.0
 ANSWER_TIMEOUT = 30.0
+
+# Channel closes that one published message causes (AMQP reply codes): that message is
+# refused, the others are not at fault. 406 PRECONDITION_FAILED: over max_message_size (or
+# a property the broker will not take); 311 CONTENT_TOO_LARGE; 312 NO_ROUTE.
+MESSAGE_FAULTS = frozenset({311, 312, 406})
+NOT_FOUND = 404
+
+# pika reports a connection the broker dropped at ERROR with a stack; the transport reports
+# the same event once, as the reconnect it is (a warning), so theirs only adds noise.
+for _noisy in ("pika.adapters.utils.io_services_utils", "pika.adapters.base_connection"):
+    logging.getLogger(_noisy).setLevel(logging.CRITICAL)
 
 
 class TopologyError(Exception):
@@ -141,6 +160,16 @@ class _Connection:
         self._outstanding: dict[int, OutgoingMessage] = {}
         self._returned: dict[str, str] = {}
         self._result = SendResult()
+        # Why the broker closed the publishing channel (reply code, text), if it did.
+        self._publisher_closed: tuple[int, str] | None = None
+        self.publisher: Any = None
+        self.open_publisher()
+
+    def open_publisher(self) -> None:
+        """A new publishing channel in confirm mode (delivery tags start again at 1)."""
+        self._tag = 0
+        self._outstanding = {}
+        self._publisher_closed = None
         self.publisher = self.open_channel()
         confirmed: list[Any] = []
         self.publisher.confirm_delivery(
@@ -170,6 +199,15 @@ class _Connection:
                 self._until = None
                 self._last_io = time.monotonic()
 
+    def poll(self) -> None:
+        """Run the I/O loop once without waiting: handle whatever the broker sent."""
+        ioloop = self.connection.ioloop
+        ioloop.call_later(0, ioloop.stop)
+        try:
+            ioloop.start()
+        finally:
+            self._last_io = time.monotonic()
+
     def _wake(self) -> None:
         if self._until is not None and (self.error or self._until()):
             self.connection.ioloop.stop()
@@ -184,12 +222,12 @@ class _Connection:
 
     @property
     def usable(self) -> bool:
-        return (
-            self.error is None
-            and self.connection.is_open
-            and self.publisher.is_open
-            and not self.silent_too_long
-        )
+        if self.error is not None or not self.connection.is_open or self.silent_too_long:
+            return False
+        # Read what arrived while the relay was away: a close the broker sent meanwhile
+        # (a restart, a reset, an operator) is found here, not by the next batch.
+        self.poll()
+        return self.error is None and self.connection.is_open
 
     @property
     def silent_too_long(self) -> bool:
@@ -225,9 +263,12 @@ class _Connection:
     def _on_channel_close(self, channel, reason: BaseException) -> None:
         if channel is self._topology_channel:
             self._channel_error = str(reason)
-        else:
-            # The publishing channel closing loses the outstanding confirms: an outage.
-            self.error = self.error or f"RabbitMQ closed the publishing channel: {reason!r}"
+        elif channel is self.publisher:
+            # The outstanding confirms are lost with it; ``publish`` sorts out why.
+            self._publisher_closed = (
+                getattr(reason, "reply_code", 0),
+                getattr(reason, "reply_text", "") or repr(reason),
+            )
         self.connection.ioloop.stop()
 
     def declare(self, method: str, kwargs: dict[str, Any]) -> None:
@@ -245,8 +286,57 @@ class _Connection:
 
     # -- publishing --------------------------------------------------------------------------
 
-    def publish(self, messages: Sequence[OutgoingMessage]) -> SendResult:
-        self._result = result = SendResult()
+    def publish(
+        self,
+        messages: Sequence[OutgoingMessage],
+        result: SendResult,
+        redeclare: Callable[[Sequence[OutgoingMessage]], None],
+    ) -> None:
+        """Publish and collect the broker's answer to each message.
+
+        Answers go into ``result``. Pipelined while the broker takes them; after the
+        channel closed over a message, the unanswered ones go one at a time until the next
+        close names its culprit (the broker handles a channel's messages in order, so the
+        culprit is the first message whose publish closes the channel), then pipelined
+        again. Raises
+        ``TransportUnavailable`` only for an outage: the caller counts what is left.
+        ``redeclare`` declares the exchange and the messages' queues again, after a 404.
+        """
+        pending = list(messages)
+        one_at_a_time = False
+        redeclared = False
+        while pending:
+            if not self.publisher.is_open:
+                self.open_publisher()
+            batch = pending[:1] if one_at_a_time else pending
+            closed, unanswered = self._publish_batch(batch, result)
+            pending = unanswered + pending[len(batch) :]
+            if closed is None:
+                continue
+            code, text = closed
+            if code == NOT_FOUND and not redeclared:
+                logger.warning("RabbitMQ: %s; declaring the topology again", text)
+                redeclare(pending)
+                redeclared = True
+            elif code in MESSAGE_FAULTS and one_at_a_time and unanswered:
+                culprit = unanswered[0]
+                result.rejected[culprit.key] = f"refused by RabbitMQ: ({code}) {text}"
+                pending.remove(culprit)
+                # Whatever followed it was dropped unread: pipelined again.
+                one_at_a_time = False
+            elif code in MESSAGE_FAULTS:
+                one_at_a_time = True
+            else:
+                raise TransportUnavailable(
+                    f"RabbitMQ closed the publishing channel: ({code}) {text}"
+                )
+
+    def _publish_batch(
+        self, messages: Sequence[OutgoingMessage], result: SendResult
+    ) -> tuple[tuple[int, str] | None, list[OutgoingMessage]]:
+        """Publish on the current channel until each message is answered or the channel
+        closes: (why it closed or None, the messages left unanswered in order)."""
+        self._result = result
         self._returned = {}
         exchange = settings.RABBITMQ_EXCHANGE
         try:
@@ -261,14 +351,24 @@ class _Connection:
                 )
                 self._tag += 1
                 self._outstanding[self._tag] = message
-            self.run_until(lambda: not self._outstanding, ANSWER_TIMEOUT)
-        except (TransportUnavailable, pika.exceptions.AMQPError) as exc:
+            self.run_until(
+                lambda: not self._outstanding or self._publisher_closed is not None,
+                ANSWER_TIMEOUT,
+            )
+        except pika.exceptions.ChannelWrongStateError:
+            # Closed under us while writing: the close's reason is on its way.
+            self.run_until(lambda: self._publisher_closed is not None, CONNECT_TIMEOUT)
+        except pika.exceptions.AMQPError as exc:
             self.error = self.error or f"RabbitMQ publish failed: {exc!r}"
-            settled = set(result.sent) | set(result.rejected)
-            result.unconfirmed = [m.key for m in messages if m.key not in settled]
-            result.error = self.error
-            self._outstanding.clear()
-        return result
+            raise TransportUnavailable(self.error) from exc
+        unanswered = list(self._outstanding.values())
+        self._outstanding.clear()
+        if self._publisher_closed is None:
+            return None, unanswered
+        # The written-but-unsent tail is in ``messages`` after the unanswered ones.
+        answered = set(result.sent) | set(result.rejected)
+        unanswered = [m for m in messages if m.key not in answered]
+        return self._publisher_closed, unanswered
 
     def _on_return(self, _channel, method, properties, _body) -> None:
         self._returned[properties.message_id] = f"unroutable: {method.reply_text}"
@@ -302,22 +402,40 @@ class RabbitMQTransport(Transport):
 
     def __init__(self) -> None:
         self._conn: _Connection | None = None
-        # Declared in this process; queues are durable, so a reconnect need not redo them.
+        # Declared on the current connection. A new connection may reach a broker that lost
+        # its definitions (a reset node, a new cluster): it declares everything again.
         self._declared: set[str] = set()
 
     def _connection(self) -> _Connection:
         if self._conn is not None and self._conn.usable:
             return self._conn
+        if self._conn is not None and (self._conn.error or not self._conn.connection.is_open):
+            logger.warning("RabbitMQ connection lost (%s); reconnecting", self._conn.error)
+        elif self._conn is not None:
+            # Silent for longer than half its heartbeat: replaced before use, as planned.
+            logger.debug("replacing a RabbitMQ connection idle past its heartbeat")
         self.close()
         try:
             self._conn = _Connection(connection_parameters())
         except pika.exceptions.AMQPError as exc:
             raise TransportUnavailable(f"cannot connect to RabbitMQ: {exc!r}") from exc
-        if "" not in self._declared:
-            method, kwargs = exchange_declaration()
-            self._declare(method, kwargs)
-            self._declared.add("")
+        self._declared = set()
+        method, kwargs = exchange_declaration()
+        self._declare(method, kwargs)
+        self._declared.add("")
         return self._conn
+
+    def _redeclare(self, messages: Sequence[OutgoingMessage]) -> None:
+        """The broker lost the exchange (404): declare it and the messages' queues again."""
+        self._declared = set()
+        method, kwargs = exchange_declaration()
+        self._declare(method, kwargs)
+        self._declared.add("")
+        for destination in dict.fromkeys(m.destination for m in messages):
+            try:
+                self.ensure_destination(destination)
+            except (topology.UnknownDestination, TopologyError):
+                continue  # refused again when published, that message alone
 
     def _declare(self, method: str, kwargs: dict[str, Any]) -> None:
         try:
@@ -362,11 +480,16 @@ class RabbitMQTransport(Transport):
                 result.rejected[message.key] = refused[destination]
             else:
                 publishable.append(message)
-        published = conn.publish(publishable)
-        published.rejected.update(result.rejected)
-        if published.error:
+        # Declaring may have replaced a connection found dead meanwhile.
+        conn = self._conn or conn
+        try:
+            conn.publish(publishable, result, self._redeclare)
+        except TransportUnavailable as exc:
+            settled = set(result.sent) | set(result.rejected)
+            result.unconfirmed = [m.key for m in publishable if m.key not in settled]
+            result.error = str(exc)
             self.close()
-        return published
+        return result
 
     def close(self) -> None:
         if self._conn is not None:

@@ -2,7 +2,9 @@
 
 ``SendMessageBatch`` takes at most 10 entries and 256 KiB per call (bodies plus message
 attributes), so a batch is cut into calls that respect both. SQS answers per entry: the
-entries it refused stay pending (and back off) while the others are marked sent.
+entries it refused stay pending (and back off) while the others are marked sent. A call
+refused as a whole (other than for an outage) is cut in halves until the refusal names
+one entry: only that one backs off.
 """
 
 from __future__ import annotations
@@ -202,9 +204,15 @@ class SQSTransport(Transport):
         except (BotoCoreError, ClientError) as exc:
             if _is_outage(exc):
                 raise TransportUnavailable(f"SQS unreachable: {exc}") from exc
-            # The call as a whole was refused (too long, say): each of its rows backs off.
-            for message, _ in call:
-                result.rejected[message.key] = f"SQS refused the batch: {exc}"
+            if len(call) > 1:
+                # The call as a whole was refused (BatchRequestTooLong, say): not every
+                # entry's fault. Halves until the refusal names one entry; the others go.
+                middle = len(call) // 2
+                self._send_call(url, call[:middle], result)
+                self._send_call(url, call[middle:], result)
+                return
+            ((message, _),) = call
+            result.rejected[message.key] = f"SQS refused the message: {exc}"
             return
         by_id = {entry["Id"]: message for message, entry in call}
         for ok in response.get("Successful", []):

@@ -157,3 +157,33 @@ def test_a_second_sigterm_exits_at_once(broker, relay, tmp_path):
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_sigterm_with_four_stuck_handlers_exits_within_one_stop_budget(broker, relay, tmp_path):
+    budget = 2.0
+    ready_file = tmp_path / "worker.ready"
+    process = subprocess.Popen(
+        worker_command("--queues", "default", "--concurrency", "4"),
+        env=worker_environment(WORKER_STOP_BUDGET=budget, WORKER_READY_FILE=ready_file),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(ready_file.exists, what="the readiness file")
+        run_ids = [dispatch_work(sleep_on_first=60) for _ in range(4)]
+        wait_for(lambda: all(executions(r) for r in run_ids), what="four handlers stuck")
+        asked = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=budget + 20)
+        took = time.monotonic() - asked
+    finally:
+        if process.poll() is None:
+            process.kill()
+        _, stderr = process.communicate()
+
+    assert process.returncode == 0, stderr
+    print(f"\nSIGTERM with 4 stuck handlers, budget {budget:g} s: exited in {took:.2f} s")
+    # One deadline for the whole stop, not the budget plus a wait per stuck thread.
+    assert took < budget + 1.0, stderr
+    assert {run_of(r).status for r in run_ids} == {TaskRun.Status.QUEUED}

@@ -27,7 +27,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.utils import timezone
 
 from automation.machines.services import machines_stop_idle
@@ -98,6 +98,8 @@ class Command(BaseCommand):
                 break
             try:
                 settled[job_settle_lost(job_id=job_id)] += 1
+            except (OperationalError, InterfaceError):
+                raise  # the database is away: the step fails once, not once per job
             except Exception:
                 # One job that cannot be settled must not keep the others (listed after
                 # it, every cycle) from being settled.
@@ -119,10 +121,21 @@ class Command(BaseCommand):
             (self.settle_lost_jobs, "settled"),
             (self.stop_idle_machines, "machines_stopped"),
         ):
+            # A connection the database dropped (a restart, a terminated backend, an idle
+            # timeout) is replaced before each step, not found dead by it. Not inside a
+            # caller's transaction (a test, a shell): that connection is the caller's.
+            if not connection.in_atomic_block:
+                close_old_connections()
             try:
                 setattr(counts, keep, step())
+            except (OperationalError, InterfaceError) as exc:
+                # The database is away: one line, no traceback; the next step (or cycle)
+                # starts on a new connection.
+                logger.warning("monitor step %s: database unreachable (%s)", step.__name__, exc)
+                connection.close()
+                counts.errors += 1
             except Exception:
-                # The database or AWS away, or a bug: the other steps still run.
+                # AWS away, or a bug: the other steps still run.
                 logger.exception("monitor step %s failed", step.__name__)
                 counts.errors += 1
         self.cycles += 1

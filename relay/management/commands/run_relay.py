@@ -3,7 +3,15 @@
 Waits on ``BLPOP`` of the wake key (pushed after each commit that wrote the outbox)
 with a timeout of the sweep interval; on either it runs passes until nothing is due.
 Redis being down only slows it to the sweep. SIGTERM or SIGINT finish the current
-batch and exit 0. One relay service per environment (``HUBDOMMED_RELAY=true``); two
+batch and exit 0.
+
+It outlives any outage of what it depends on, whatever it was doing: each pass starts by
+dropping a database connection that went bad (a restart, a terminated backend), and a
+database error drops it at once; the broker's transport reconnects and declares its
+topology again by itself. While PostgreSQL or the broker is away the relay retries every
+few seconds at most (``OUTAGE_BACKOFF_MAX``), and the wait between retries still wakes on
+the outbox signal and on SIGTERM, so a dependency's return is noticed within seconds
+whatever the length of the outage. One relay service per environment (``HUBDOMMED_RELAY=true``); two
 running anyway never send a row twice (SKIP LOCKED).
 """
 
@@ -17,8 +25,9 @@ import time
 import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
-from relay.engine import OutboxRelay
+from relay.engine import OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX, OutboxRelay
 from relay.schedules import enqueue_due_schedules
 from relay.transports import TransportUnavailable
 
@@ -40,6 +49,8 @@ class Command(BaseCommand):
         self._redis: redis.Redis | None = None
         self._redis_down = False
         self._schedules_checked_at = float("-inf")
+        # Consecutive passes the database failed (0: it answers).
+        self.database_outages = 0
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="drain what is due once, then exit")
@@ -69,14 +80,21 @@ class Command(BaseCommand):
 
     def drain(self) -> None:
         """Passes until nothing is due (or the broker is unreachable, or we are asked to stop)."""
+        # A connection the database dropped while the relay was idle (a restart, a
+        # terminated backend) is replaced here, not found dead by the first statement:
+        # with CONN_HEALTH_CHECKS, the first query after this checks it. Not inside a
+        # caller's transaction (a test, a shell): that connection is the caller's.
+        if not connection.in_atomic_block:
+            close_old_connections()
         if time.monotonic() - self._schedules_checked_at >= SCHEDULE_CHECK_INTERVAL:
             self.enqueue_due_schedules()
         while not self.shutdown and self.relay_one_batch():
             pass
 
-    def wait_for_signal(self) -> None:
-        """Block until the wake signal or the sweep interval, whichever comes first."""
-        timeout = settings.RELAY_SWEEP_INTERVAL
+    def wait_for_signal(self, timeout: float | None = None) -> None:
+        """Block until the wake signal or ``timeout`` (the sweep interval), whichever comes
+        first; SIGTERM ends the wait within a slice."""
+        timeout = settings.RELAY_SWEEP_INTERVAL if timeout is None else timeout
         deadline = time.monotonic() + timeout
         try:
             # In slices, so that SIGTERM never waits a whole (possibly long) sweep interval.
@@ -148,17 +166,50 @@ class Command(BaseCommand):
         while not self.shutdown:
             try:
                 self.drain()
-            except Exception:
-                # A bug or the database going away: say so, wait, carry on.
-                logger.exception("relay pass failed; retrying after the sweep interval")
-                self._stop.wait(settings.RELAY_SWEEP_INTERVAL)
+            except (OperationalError, InterfaceError) as exc:
+                self._database_failed(exc)
+                self.wait_for_signal(self.database_backoff)
                 continue
+            except Exception:
+                # A bug: say so, wait, carry on (with a fresh database connection).
+                logger.exception("relay pass failed; retrying after the sweep interval")
+                self._drop_connection()
+                self.wait_for_signal()
+                continue
+            if self.database_outages:
+                logger.info(
+                    "database reachable again after %d failed passes", self.database_outages
+                )
+                self.database_outages = 0
             if self.shutdown:
                 break
-            if self.relay.outages:
-                self._stop.wait(self.relay.outage_backoff)
-            else:
-                self.wait_for_signal()
+            # While the broker is away: retry after a short backoff, or as soon as a commit
+            # signals new rows (either may find it back).
+            self.wait_for_signal(self.relay.outage_backoff if self.relay.outages else None)
+
+    @property
+    def database_backoff(self) -> float:
+        if not self.database_outages:
+            return 0.0
+        return min(OUTAGE_BACKOFF_MAX, OUTAGE_BACKOFF_FIRST * 2 ** (self.database_outages - 1))
+
+    def _database_failed(self, exc: Exception) -> None:
+        """The database went away (or dropped this connection): one line, no traceback:
+        an outage is expected, and the next pass reconnects."""
+        self.database_outages += 1
+        self._drop_connection()
+        logger.warning(
+            "database unreachable (%s); retrying in %.1f s",
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            self.database_backoff,
+        )
+
+    @staticmethod
+    def _drop_connection() -> None:
+        try:
+            connection.close()
+        except Exception:  # already broken: nothing left to save
+            logger.debug("closing the database connection failed", exc_info=True)
 
     def _on_signal(self, signum, frame) -> None:
         self._stop.set()
