@@ -243,7 +243,7 @@ CATALOG_TASK = {
 }
 
 
-def test_catalog(directory: Path) -> Path:
+def reliability_catalog(directory: Path) -> Path:
     """tasks.json plus the reliability tests' own task."""
     catalog = json.loads((ROOT / "tasks.json").read_text())
     catalog["tasks"].append(CATALOG_TASK)
@@ -276,7 +276,7 @@ class Stack:
         self.env: dict[str, str] = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.reliability.settings",
-            "TASKS_CATALOG": str(test_catalog(directory)),
+            "TASKS_CATALOG": str(reliability_catalog(directory)),
             "DATABASE_URL": database_url,
             "BROKER": "rabbitmq",
             "QUEUE_PREFIX": self.queue_prefix,
@@ -286,8 +286,6 @@ class Stack:
             "ACCESS_TOKEN_SECONDS": str(6 * 3600),
             "LOG_LEVEL": "info",
             "PYTHONUNBUFFERED": "1",
-            # Reconnect at once after an outage: the scenarios measure recovery.
-            "DB_CONN_MAX_AGE": "60",
         }
         if rabbitmq_url:
             self.env["RABBITMQ_URL"] = rabbitmq_url
@@ -382,12 +380,8 @@ class Stack:
         )
 
     def signal(self, name: str, signum: int) -> None:
-        process = self.processes[name]
-        with contextlib.suppress(ProcessLookupError):
-            if signum == signal.SIGKILL:
-                os.killpg(process.pid, signum)
-            else:
-                process.send_signal(signum)
+        """SIGKILL takes the process's group with it; other signals go to it alone."""
+        self.signal_process(self.processes[name], signum)
 
     def alive(self, name: str) -> bool:
         process = self.processes.get(name)

@@ -70,8 +70,10 @@ class SqsAudit:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            # A long poll: moto's server runs in this process, and a busy loop of polls
+            # would take its interpreter lock from the requests the relay makes.
             messages = self.client.receive_message(
-                QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=0
+                QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=1
             ).get("Messages", [])
             now = time.monotonic()
             with self._lock:
@@ -87,8 +89,6 @@ class SqsAudit:
                         for i, m in enumerate(messages)
                     ],
                 )
-            else:
-                self._stop.wait(0.02)
 
     @property
     def seen(self) -> set[str]:
