@@ -24,6 +24,11 @@ from relay.transports.consume import BadMessage
 
 logger = logging.getLogger("hubdommed.agent")
 
+# Waiting between reports the hub could not take (it is unreachable, or answers 5xx while
+# its database restarts): doubling, within the job's lease.
+REPORT_RETRY_FIRST = 0.5
+REPORT_RETRY_MAX = 5.0
+
 
 @dataclass
 class AgentStats:
@@ -166,35 +171,54 @@ class AutomationWorker:
         if outcome.claim_lost:
             self.stats.lost += 1
             return
-        try:
-            if outcome.succeeded:
-                self.client.complete(
+        # The command has run: its outcome is worth waiting for the hub. Given up, the
+        # lease runs out and the job is run again (or failed) by the monitor. Until the
+        # lease would have run out anyway, a hub briefly away is asked again.
+        deadline = time.monotonic() + 3 * self._heartbeat_interval(job)
+        delay = REPORT_RETRY_FIRST
+        while True:
+            try:
+                self._send_report(job_id, token, outcome)
+                return
+            except HubError as exc:
+                # A refusal (4xx: the job is no longer this worker's) is final.
+                transient = exc.status is None or exc.status >= 500
+                if not transient or time.monotonic() + delay > deadline:
+                    logger.error("job %s: could not report the outcome: %s", job_id, exc)
+                    self.stats.errors.append(f"{job_id}: {exc}")
+                    return
+                logger.warning(
+                    "job %s: the hub could not take the report (%s); again in %.1f s",
                     job_id,
-                    token,
-                    result={"exit_code": outcome.exit_code},
-                    output_tail=outcome.output_tail,
-                    exit_code=outcome.exit_code,
+                    exc,
+                    delay,
                 )
-                self.stats.succeeded += 1
-                logger.info("job %s succeeded", job_id)
-            else:
-                self.client.fail(
-                    job_id,
-                    token,
-                    # The hub turns a failure of a job being canceled into "canceled".
-                    reason=outcome.reason
-                    if outcome.reason in ("exit_code", "timeout")
-                    else "error",
-                    error=outcome.error,
-                    output_tail=outcome.output_tail,
-                    exit_code=outcome.exit_code,
-                )
-                self.stats.failed += 1
-                logger.info("job %s failed: %s", job_id, outcome.error)
-        except HubError as exc:
-            # The lease runs out and the monitor settles the job; nothing else to do.
-            logger.error("job %s: could not report the outcome: %s", job_id, exc)
-            self.stats.errors.append(f"{job_id}: {exc}")
+                time.sleep(delay)
+                delay = min(REPORT_RETRY_MAX, delay * 2)
+
+    def _send_report(self, job_id: int, token: str, outcome: Outcome) -> None:
+        if outcome.succeeded:
+            self.client.complete(
+                job_id,
+                token,
+                result={"exit_code": outcome.exit_code},
+                output_tail=outcome.output_tail,
+                exit_code=outcome.exit_code,
+            )
+            self.stats.succeeded += 1
+            logger.info("job %s succeeded", job_id)
+        else:
+            self.client.fail(
+                job_id,
+                token,
+                # The hub turns a failure of a job being canceled into "canceled".
+                reason=outcome.reason if outcome.reason in ("exit_code", "timeout") else "error",
+                error=outcome.error,
+                output_tail=outcome.output_tail,
+                exit_code=outcome.exit_code,
+            )
+            self.stats.failed += 1
+            logger.info("job %s failed: %s", job_id, outcome.error)
 
     def _heartbeat_interval(self, job: dict) -> float:
         """A third of the lease the claim granted, so two beats can be missed safely."""
