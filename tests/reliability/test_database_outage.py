@@ -138,7 +138,13 @@ def test_database_restarted_and_backends_terminated_everything_recovers_by_itsel
             what=f"every accepted job to succeed\n{stack.log_tail()}",
         )
         recoveries["busy"] = time.monotonic() - restarted
-        wait_for(lambda: stack.database.pending_rows() == 0, timeout=30, what="an empty outbox")
+        # Nothing due is left unsent. (A run the worker could not mark done while the
+        # database was away comes back later, by design: its row waits for its lease.)
+        wait_for(
+            lambda: stack.database.oldest_pending_age() < 2.0,
+            timeout=30,
+            what=f"the relay to keep up\n{stack.log_tail('relay')}",
+        )
         wait_for(
             lambda: len(monitor_cycles(stack)) > cycles_before + 3,
             timeout=30,
