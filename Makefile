@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint format migrate db install clean
+.PHONY: run test chaos lint format migrate db install clean
 
 # Reinstall only when the declared dependencies change: fast when already done.
 $(STAMP): pyproject.toml
@@ -40,6 +40,20 @@ format: install
 test: lint db
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The reliability suite at full size: 10,000 jobs under relay kills, 30-s outages, poison
+# rows, crashed workers, and the 30-minute soak, which runs beside the other scenarios
+# (about 35 minutes in all; its output is kept in var/reliability/soak.log and shown at the
+# end). `make test` runs the quick form of the same scenarios, without the soak.
+chaos: db
+	@mkdir -p var/reliability
+	@CHAOS=full $(BIN)/python -m pytest tests/reliability/test_soak.py -v -p no:cacheprovider \
+		> var/reliability/soak.log 2>&1 & soak=$$!; \
+	CHAOS=full $(BIN)/python -m pytest tests/reliability -v --ignore=tests/reliability/test_soak.py \
+		$(PYTEST_ARGS); scenarios=$$?; \
+	wait $$soak; soaked=$$?; \
+	echo "--- the soak (var/reliability/soak.log)"; cat var/reliability/soak.log; \
+	test $$scenarios -eq 0 -a $$soaked -eq 0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, serializers, status
@@ -28,6 +29,9 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from common.errors import DomainError, InvalidInput
 
 logger = logging.getLogger("hubdommed.api")
+
+# Seconds a client is told to wait when the database is away (a restart takes a few).
+RETRY_AFTER_OUTAGE = 5
 
 _DRF_CODES = {
     exceptions.ValidationError: "invalid",
@@ -62,6 +66,17 @@ def _error_response(exc: Exception, context: dict[str, Any]) -> Response:
         if exc.status_code >= 500:
             logger.error("domain error %s: %s", exc.code, exc.message)
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.status_code)
+
+    if isinstance(exc, OperationalError | InterfaceError):
+        # The database went away (a restart, a failover, dropped connections): an outage
+        # the client may retry, not a bug. Django drops the dead connection at the end of
+        # the request, so the next one reconnects.
+        logger.warning("database unavailable: %s", exc)
+        return Response(
+            error_body("unavailable", "The service is briefly unavailable; try again shortly."),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(RETRY_AFTER_OUTAGE)},
+        )
 
     if isinstance(exc, RequestDataTooBig):
         # Django refuses to read a body over DATA_UPLOAD_MAX_MEMORY_SIZE: the client's

@@ -1,0 +1,185 @@
+"""Scenarios 2 and 3: the broker, then Redis, go away while jobs are being created.
+
+Both on private instances (a RabbitMQ node, a redis-server of the test's own); the API,
+the relay and the database are the real ones. No request may fail; nothing is lost; the
+backlog drains within seconds of the dependency's return, however long it was away.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.reliability.support import (
+    BrokerAudit,
+    Figures,
+    JobTraffic,
+    LagProbe,
+    delete_broker_names,
+    job_queues,
+    scaled,
+    seed,
+    wait_for,
+)
+
+OUTAGE = scaled(10, 30)
+RATE = 20.0  # jobs per second over the client threads
+# The issue's "within seconds of the broker's return": the reconnection, then one pass.
+DRAIN_BOUND = 10.0
+
+
+def drained_since(stack, moment) -> float:
+    """Seconds from now until no row committed before ``moment`` (database clock) is
+    pending."""
+    started = time.monotonic()
+    wait_for(
+        lambda: (
+            not stack.database.value(
+                "SELECT EXISTS (SELECT 1 FROM outbox_messages"
+                " WHERE sent_at IS NULL AND created_at <= %s)",
+                [moment],
+            )
+        ),
+        timeout=120,
+        what=f"the backlog to drain\n{stack.log_tail('relay')}",
+        every=0.05,
+    )
+    return time.monotonic() - started
+
+
+@pytest.mark.timeout(scaled(300, 600))
+def test_broker_stopped_then_reset_costs_no_request_and_no_message(
+    scenario_database, private_rabbitmq, make_stack, figures
+):
+    rabbit = private_rabbitmq
+    rabbit.start()
+    stack = make_stack(database_url=scenario_database, rabbitmq_url=rabbit.url)
+    seeded = seed(stack)
+    stack.api(workers=3)
+    stack.relay()
+    stack.wait_for_relay()
+    audit = BrokerAudit(rabbit.url, job_queues(stack, seeded.automation_id)).start()
+    traffic = JobTraffic(stack.api_url, seeded, threads=4, rate=RATE)
+    try:
+        traffic.start()
+        wait_for(lambda: traffic.created >= 2 * RATE, timeout=60, what="traffic")
+
+        # 1. The whole node goes away for OUTAGE seconds, requests keep coming.
+        rabbit.stop()
+        stopped_at = time.monotonic()
+        time.sleep(max(0.0, OUTAGE - (time.monotonic() - stopped_at)))
+        rabbit.start()
+        back, outage = stack.database.now(), time.monotonic() - stopped_at
+        stop_recovery = drained_since(stack, back)
+
+        # 2. It comes back empty: no exchange, no queue (a reset node, a new cluster).
+        traffic.pause()
+        audit.wait_for(
+            stack.database.job_created_run_ids(), timeout=60, what="delivery before the reset"
+        )
+        rabbit.reset()
+        traffic.resume()
+        back = stack.database.now()
+        reset_recovery = drained_since(stack, back)
+        time.sleep(2)
+        traffic.stop()
+
+        expected = stack.database.job_created_run_ids()
+        audit.wait_for(
+            expected, timeout=60, what=f"every JobCreated on the broker\n{stack.log_tail()}"
+        )
+    finally:
+        traffic.stop()
+        audit.stop()
+        stack.close()
+
+    lost = expected - audit.seen
+    figures(
+        Figures(
+            "2 broker outage and reset",
+            sent=len(expected),
+            delivered=len(expected & audit.seen),
+            duplicates=audit.duplicates(),
+            lost=len(lost),
+            recovery_seconds=max(stop_recovery, reset_recovery),
+            extra={
+                "requests": traffic.sent,
+                "failed_requests": traffic.sent - traffic.created,
+                "outage_s": outage,
+                "drain_after_restart_s": stop_recovery,
+                "drain_after_reset_s": reset_recovery,
+            },
+        )
+    )
+    assert traffic.statuses == {201: traffic.sent}, traffic.failures[:5]
+    assert not lost
+    assert stop_recovery <= DRAIN_BOUND
+    assert reset_recovery <= DRAIN_BOUND
+
+
+@pytest.mark.timeout(scaled(240, 600))
+def test_redis_stopped_costs_no_request_and_delivery_falls_back_to_the_sweep(
+    scenario_database, private_redis, make_stack, figures
+):
+    sweep = 1.0
+    phase = scaled(6, 30)
+    stack = make_stack(database_url=scenario_database, redis_url=private_redis.url)
+    seeded = seed(stack)
+    stack.api(workers=3)
+    stack.relay(RELAY_SWEEP_INTERVAL=str(sweep))
+    stack.wait_for_relay()
+    audit = BrokerAudit(stack.rabbitmq_url, job_queues(stack, seeded.automation_id)).start()
+    traffic = JobTraffic(stack.api_url, seeded, threads=4, rate=RATE)
+    try:
+        traffic.start()
+        with LagProbe(stack) as before:
+            time.sleep(phase)
+        private_redis.stop()
+        with LagProbe(stack) as during:
+            time.sleep(phase)
+        private_redis.start()
+        back = stack.database.now()
+        recovery = drained_since(stack, back)
+        with LagProbe(stack) as after:
+            time.sleep(phase)
+        traffic.stop()
+        expected = stack.database.job_created_run_ids()
+        audit.wait_for(
+            expected, timeout=60, what=f"every JobCreated on the broker\n{stack.log_tail()}"
+        )
+        log = (stack.logs / "relay.log").read_text()
+    finally:
+        traffic.stop()
+        audit.stop()
+        stack.close()
+        delete_broker_names(
+            stack.rabbitmq_url, stack, ["critical", f"automation-{seeded.automation_id}"]
+        )
+
+    lost = expected - audit.seen
+    figures(
+        Figures(
+            "3 Redis outage",
+            sent=len(expected),
+            delivered=len(expected & audit.seen),
+            duplicates=audit.duplicates(),
+            lost=len(lost),
+            recovery_seconds=recovery,
+            extra={
+                "requests": traffic.sent,
+                "failed_requests": traffic.sent - traffic.created,
+                "lag_max_before_s": before.worst,
+                "lag_max_without_redis_s": during.worst,
+                "lag_max_after_s": after.worst,
+                "sweep_s": sweep,
+            },
+        )
+    )
+    assert traffic.statuses == {201: traffic.sent}, traffic.failures[:5]
+    assert not lost
+    # Without the wake signal the sweep delivers: the lag is bounded by the sweep...
+    assert "Redis unreachable" in log
+    assert during.worst <= sweep + 2.0
+    # ... and once Redis is back the relay listens to it again.
+    assert "Redis reachable again" in log
