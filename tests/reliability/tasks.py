@@ -15,7 +15,7 @@ import time
 
 from django.db import connection, transaction
 
-from outbox.runtime import TaskMessage, task
+from outbox.handlers import TaskMessage, task
 
 TABLES = """
     CREATE TABLE IF NOT EXISTS reliability_executions (

@@ -216,7 +216,7 @@ def test_a_poison_row_backs_off_alone_and_the_good_rows_around_it_go_on(
         )
         poisons["nacked"] = ("maintenance", "maintenance", 0)
     else:
-        from relay.transports.sqs import sqs_client
+        from broker.sqs.publisher import sqs_client
 
         settings.SQS_ENDPOINT_URL = env["SQS_ENDPOINT_URL"]
         client = sqs_client()
