@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -31,22 +30,3 @@ def fake_worker_command(settings, tmp_path):
     settings.BASE_DIR = base
     yield base
     (base / "stop").write_text("")
-
-
-def fake_workers_running(base: Path) -> int:
-    """How many processes run the fake ``manage.py`` in ``base`` right now.
-
-    A fake worker runs until its ``stop`` file appears, so every one started is counted:
-    a process spawned by mistake shows up here, whether or not it wrote its line yet.
-    """
-    script = str(base / "manage.py").encode()
-    running = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:  # gone meanwhile
-            continue
-        running += script in argv
-    return running

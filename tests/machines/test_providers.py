@@ -11,7 +11,6 @@ import pytest
 from automation.machines import MachineState, PowerOn, provider_for
 from automation.machines.ec2 import Ec2Provider
 from automation.machines.local import LocalProvider
-from tests.machines.conftest import fake_workers_running
 from tests.polling import wait_until
 
 
@@ -133,9 +132,9 @@ def test_concurrent_local_power_ons_start_a_single_worker(fake_worker_command):
     for thread in threads:
         thread.join()
 
+    # Every power-on has returned, and only one spawned a process (STARTED is returned
+    # after the spawn): that one process writes its line.
     assert sorted(results).count(PowerOn.STARTED) == 1
-    # Every power-on has returned, so every process it spawned exists now.
-    assert fake_workers_running(fake_worker_command) == 1
     assert wait_until((fake_worker_command / "starts").exists)
     assert len((fake_worker_command / "starts").read_text().splitlines()) == 1
 
@@ -155,8 +154,10 @@ def test_when_the_local_worker_exits_the_machine_is_stopped_and_can_start_again(
 
 
 def test_local_power_on_needs_a_credential(fake_worker_command):
+    machine = worker("local", slug="nocred")
     with pytest.raises(ValueError, match="credential"):
-        LocalProvider().power_on(worker("local", slug="nocred"))
-    # A process spawned before the refusal would exist by now, written its line or not.
-    assert fake_workers_running(fake_worker_command) == 0
+        LocalProvider().power_on(machine)
+    # A process spawned before the refusal would hold the machine's lock from birth,
+    # written its line or not: the machine would be running.
+    assert LocalProvider().state(machine) == MachineState.STOPPED
     assert not (fake_worker_command / "starts").exists()
