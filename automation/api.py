@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -29,6 +29,7 @@ from automation.services import (
     worker_seen,
 )
 from common.api import NeverDeleted, validated
+from common.schema import error_response
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
 CREDENTIAL_HELP = "The worker's credential. Shown this once: only its hash is kept."
@@ -207,7 +208,10 @@ class AutomationListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView)
     @extend_schema(
         operation_id="automations_create",
         request=AutomationCreateSerializer,
-        responses={201: AutomationCreatedSerializer},
+        responses={
+            201: AutomationCreatedSerializer,
+            409: error_response("`automation_slug_taken`."),
+        },
     )
     def post(self, request):
         data = validated(AutomationCreateSerializer, request.data)
@@ -235,7 +239,13 @@ class AutomationDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
     @extend_schema(
         operation_id="automations_update",
         request=AutomationUpdateSerializer,
-        responses={200: AutomationSerializer},
+        responses={
+            200: AutomationSerializer,
+            409: error_response(
+                "`automation_inactive` (retired automations are read-only) or "
+                "`automation_slug_taken`."
+            ),
+        },
     )
     def patch(self, request, automation_id: int):
         data = validated(AutomationUpdateSerializer, request.data)
@@ -250,7 +260,7 @@ class AutomationDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
     @extend_schema(
         operation_id="automations_delete",
         request=None,
-        responses={405: OpenApiResponse(description="Always: automations are deactivated.")},
+        responses={405: error_response("Always: automations are deactivated.")},
     )
     def delete(self, request, automation_id: int):
         self.refuse_delete(automation_id=automation_id)
@@ -264,7 +274,7 @@ class AutomationDeactivateApi(APIView):
         request=None,
         responses={
             200: AutomationSerializer,
-            409: OpenApiResponse(description="`automation_inactive`: already deactivated."),
+            409: error_response("`automation_inactive`: already deactivated."),
         },
     )
     def post(self, request, automation_id: int):
@@ -280,7 +290,7 @@ class WorkerRotateCredentialApi(APIView):
         request=None,
         responses={
             200: WorkerWithCredentialSerializer,
-            409: OpenApiResponse(description="`automation_inactive`: a retired worker."),
+            409: error_response("`automation_inactive` or `worker_inactive`: a retired worker."),
         },
     )
     def post(self, request, automation_id: int):
@@ -292,7 +302,7 @@ class WorkerRotateCredentialApi(APIView):
 
 
 class WorkerAutomationSerializer(serializers.ModelSerializer):
-    command = CommandField()
+    command = CommandField(read_only=True)
 
     class Meta:
         model = Automation
@@ -301,8 +311,10 @@ class WorkerAutomationSerializer(serializers.ModelSerializer):
 
 
 class WorkerMeSerializer(serializers.Serializer):
-    worker = serializers.IntegerField(source="id", help_text="The worker's id.")
-    automation = WorkerAutomationSerializer(help_text="What this worker runs, and how.")
+    worker = serializers.IntegerField(source="id", read_only=True, help_text="The worker's id.")
+    automation = WorkerAutomationSerializer(
+        read_only=True, help_text="What this worker runs, and how."
+    )
 
 
 class WorkerMeApi(APIView):

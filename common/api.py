@@ -18,8 +18,10 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import CursorPagination, LimitOffsetPagination
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -46,6 +48,16 @@ def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    response = _error_response(exc, context)
+    # Errors are JSON even where the view offers other formats (the schema's YAML).
+    request = context.get("request")
+    if request is not None:
+        request.accepted_renderer = JSONRenderer()
+        request.accepted_media_type = JSONRenderer.media_type
+    return response
+
+
+def _error_response(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, DomainError):
         if exc.status_code >= 500:
             logger.error("domain error %s: %s", exc.code, exc.message)
@@ -107,8 +119,10 @@ def _code_for(exc: Exception) -> str:
     return "error"
 
 
+@csrf_exempt
 def not_found_view(request, exception=None):
-    """``handler404`` for paths outside DRF: the same format."""
+    """``handler404`` for paths outside DRF, and every unknown path under /api/: the same
+    format, whatever the method (no CSRF check: there is nothing here to protect)."""
     return JsonResponse(error_body("not_found", "Not found."), status=404)
 
 

@@ -1,3 +1,4 @@
+import logging
 import re
 import uuid
 
@@ -8,6 +9,8 @@ from django.http.multipartparser import MultiPartParserError
 from common.api import error_body
 from common.context import reset_correlation_id, set_correlation_id
 from common.jsondata import PROBLEM, describe_path, unstorable_path
+
+logger = logging.getLogger("django.request")
 
 # Accept a caller's id only when it is short and plain: it ends up in logs and envelopes.
 _ACCEPTABLE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
@@ -84,3 +87,85 @@ class UnstorableTextMiddleware:
                 if path is not None:
                     return {describe_path(path[:1]): [PROBLEM]}
         return None
+
+
+# Where the API answers: every error here is JSON in the one format.
+API_PATH_PREFIXES = ("/api/", "/health/")
+
+_CODES = {
+    400: "bad_request",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    500: "internal_error",
+}
+
+
+def is_api_path(path: str) -> bool:
+    return path.startswith(API_PATH_PREFIXES)
+
+
+class ApiErrorMiddleware:
+    """Under the API's paths, an error that DRF did not answer is still JSON in the one format.
+
+    DRF's exception handler covers its views. What it does not see is answered by Django:
+    an unknown path or a wrong method of a plain view (/health/), an exception while a
+    response is rendered, a refusal of another middleware. Django answers those with HTML,
+    and with DEBUG on with its debug page, which prints settings and the environment.
+    This middleware, outermost, turns them into the API's format, DEBUG or not; the error
+    itself is logged as Django would have logged it.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if (
+            response.status_code >= 400
+            and is_api_path(request.path_info)
+            and not response.get("Content-Type", "").startswith("application/json")
+        ):
+            return self._json_error(response.status_code, source=response)
+        return response
+
+    def process_exception(self, request, exception):
+        """A view's exception that DRF did not handle (a plain view, a failed rendering)."""
+        from django.core.exceptions import BadRequest, PermissionDenied
+        from django.http import Http404
+
+        if not is_api_path(request.path_info):
+            return None
+        if isinstance(exception, Http404):
+            status = 404
+        elif isinstance(exception, PermissionDenied):
+            status = 403
+        elif isinstance(exception, RequestDataTooBig):
+            status = 413
+        elif isinstance(exception, BadRequest | SuspiciousOperation):
+            status = 400
+        else:
+            logger.error("Internal Server Error: %s", request.path, exc_info=exception)
+            status = 500
+        response = self._json_error(status)
+        # Logged above (or not an error of ours): django.request need not log it again.
+        response._has_been_logged = True
+        return response
+
+    @staticmethod
+    def _json_error(status: int, *, source=None):
+        from http import HTTPStatus
+
+        try:
+            message = HTTPStatus(status).phrase + "."
+        except ValueError:
+            message = "The request failed."
+        response = JsonResponse(error_body(_CODES.get(status, "error"), message), status=status)
+        if source is not None:
+            # What the client needs to act on: the methods allowed, when to come back.
+            for header in ("Allow", "Retry-After", "WWW-Authenticate"):
+                if source.has_header(header):
+                    response[header] = source[header]
+            response._has_been_logged = getattr(source, "_has_been_logged", False)
+        return response

@@ -1,9 +1,19 @@
-"""OpenAPI pieces shared by every module's views."""
+"""OpenAPI pieces shared by every module's views.
+
+``AutoSchema`` documents the errors each operation can answer, once for all views, from
+what the view is made of: its authentication, permissions and throttles, its input (a
+body, query or header parameters) and its path (an object to look up). What only a
+service knows (a 409 conflict, a 404 for an id in the body) stays declared on the view;
+this class gives every declared error the error format too.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+from drf_spectacular import openapi
 from drf_spectacular.utils import OpenApiResponse, extend_schema_serializer
-from rest_framework import serializers
+from rest_framework import permissions, serializers
 
 
 @extend_schema_serializer(component_name="ErrorBody")
@@ -23,3 +33,71 @@ class ErrorSerializer(serializers.Serializer):
 def error_response(description: str) -> OpenApiResponse:
     """A documented failure in the one error format."""
     return OpenApiResponse(ErrorSerializer, description=description)
+
+
+# What each automatic error answer says when the view declared nothing more precise.
+ERROR_DESCRIPTIONS = {
+    "400": "`invalid` (details: field -> messages) or `malformed_request` (not JSON).",
+    "401": "`not_authenticated` (no credential) or a credential refused "
+    "(`invalid_token`, `token_expired`, `authentication_failed`...).",
+    "403": "`forbidden`: this caller may not do this.",
+    "404": "`not_found`: no such object (or not one this caller may see).",
+    "405": "`method_not_allowed`.",
+    "413": "`too_large`: the request body is over the size limit.",
+    "415": "`unsupported_media_type`: send `Content-Type: application/json`.",
+    "429": "`throttled`: too many requests; retry after `Retry-After` seconds "
+    "(also in `details.retry_after_seconds`).",
+}
+
+# Permissions that refuse nobody who authenticated: a failure with them is a 401, never a 403.
+_IDENTITY_ONLY = (permissions.AllowAny, permissions.IsAuthenticated)
+
+
+class AutoSchema(openapi.AutoSchema):
+    def get_operation(self, path, path_regex, path_prefix, method, registry):
+        operation = super().get_operation(path, path_regex, path_prefix, method, registry)
+        if operation is None:
+            return None
+        responses = operation.setdefault("responses", {})
+        for code in self._error_codes(operation):
+            responses.setdefault(code, {"description": ERROR_DESCRIPTIONS[code]})
+        for code, response in responses.items():
+            if int(code) >= 400:
+                self._in_error_format(code, response)
+        operation["responses"] = dict(sorted(responses.items()))
+        return operation
+
+    def _error_codes(self, operation: dict[str, Any]) -> set[str]:
+        parameters = operation.get("parameters", [])
+        reads_body = "requestBody" in operation
+        codes: set[str] = set()
+        if reads_body or any(p["in"] in ("query", "header") for p in parameters):
+            codes.add("400")
+        if reads_body:
+            codes |= {"413", "415"}
+        if any(p["in"] == "path" for p in parameters):
+            codes.add("404")
+        if self.view.get_authenticators():
+            # Any credential sent is checked, even where none is required.
+            codes.add("401")
+        if any(_may_refuse_the_authenticated(p) for p in self.view.get_permissions()):
+            codes.add("403")
+        if self.view.get_throttles():
+            codes.add("429")
+        return codes
+
+    def _in_error_format(self, code: str, response: dict[str, Any]) -> None:
+        if "content" in response:
+            return
+        documented = self._get_response_for_code(ErrorSerializer, code)
+        response["content"] = documented["content"]
+        if not response.get("description"):
+            response["description"] = ERROR_DESCRIPTIONS.get(code, "An error.")
+
+
+def _may_refuse_the_authenticated(permission: permissions.BasePermission) -> bool:
+    # A permission that only says which kind of caller it is for (a person, a worker)
+    # declares ``identity_only``: an authenticated caller of that kind always passes it.
+    if isinstance(permission, _IDENTITY_ONLY):
+        return False
+    return not getattr(permission, "identity_only", False)

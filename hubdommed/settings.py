@@ -49,6 +49,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so that it sees every answer: under /api/ and /health/, errors are JSON in the
+    # one format whatever DEBUG says (no debug page, which lists settings and environment).
+    "common.middleware.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Serves the admin's and the API docs' static files from the application server itself.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -231,17 +234,16 @@ MONITOR_EC2_IDLE_SECONDS = env.int("MONITOR_EC2_IDLE_SECONDS", default=15 * 60, 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["identity.authentication.AccessTokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON only, DEBUG or not: the browsable API renders HTML forms that touch the views'
+    # querysets and failed on some of them; /api/docs/ is the page for people.
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "common.negotiation.JSONFallbackNegotiation",
     "DEFAULT_PARSER_CLASSES": ["common.parsers.JSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "common.schema.AutoSchema",
     "EXCEPTION_HANDLER": "common.api.exception_handler",
     "DEFAULT_PAGINATION_CLASS": "common.api.DefaultPagination",
     "PAGE_SIZE": 50,
 }
-if DEBUG:
-    REST_FRAMEWORK["DEFAULT_RENDERER_CLASSES"].append(
-        "rest_framework.renderers.BrowsableAPIRenderer"
-    )
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Hub DomMed API",
@@ -261,6 +263,17 @@ SPECTACULAR_SETTINGS = {
         "WorkerStatusEnum": "automation.models.Worker.Status",
     },
 }
+
+# Error reports (the DEBUG page, error e-mails) hide URLs and credentials too.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "common.debug.ExceptionReporterFilter"
+
+# --- Readiness (/health/ready) -------------------------------------------------------------
+# Seconds one attempt of a dependency's check may take, and all its attempts together (an
+# orchestrator's probe timeout should be longer than the budget).
+HEALTH_CHECK_TIMEOUT = env.float("HEALTH_CHECK_TIMEOUT", default=2.5, minimum=0.05)
+HEALTH_READY_BUDGET = env.float("HEALTH_READY_BUDGET", default=6.0, minimum=0.1)
+# How long a dependency's success stands for the probes that follow (0: check every time).
+HEALTH_READY_CACHE_SECONDS = env.float("HEALTH_READY_CACHE_SECONDS", default=5.0, minimum=0)
 
 # --- Logging: one line per record, to stderr (the service manager collects it) ------------
 LOG_LEVEL = env.choice("LOG_LEVEL", ("debug", "info", "warning", "error"), default="info").upper()

@@ -1,8 +1,9 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from common import health
+from common.api import not_found_view
 
 handler404 = "common.api.not_found_view"
 handler500 = "common.api.server_error_view"
@@ -21,4 +22,7 @@ urlpatterns = [
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
     path("admin/", admin.site.urls),
+    # The API's paths are exact: anything else under them is a 404 in the error format, for
+    # every method (no redirect to a slashed path, which a POST could not follow).
+    re_path(r"^(api|health)/", not_found_view),
 ]

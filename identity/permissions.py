@@ -47,6 +47,10 @@ class IsTenantManager(IsTenantMember):
 class IsPerson(BasePermission):
     """Any authenticated person (not a worker)."""
 
+    # Authentication already refuses inactive people: this refuses nobody who got past it
+    # (the schema documents no 403 for it).
+    identity_only = True
+
     def has_permission(self, request, view) -> bool:
         return is_person(request.user)
 

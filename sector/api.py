@@ -8,12 +8,13 @@ to ``POST /api/v1/sectors/{id}/deactivate``.
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
+from common.schema import error_response
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins
 from sector.models import Sector
 from sector.selectors import sector_for_caller, sector_list
@@ -78,7 +79,10 @@ class SectorListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView):
     @extend_schema(
         operation_id="sectors_create",
         request=SectorCreateSerializer,
-        responses={201: SectorSerializer},
+        responses={
+            201: SectorSerializer,
+            409: error_response("`sector_name_taken` or `sector_slug_taken`."),
+        },
     )
     def post(self, request):
         data = validated(SectorCreateSerializer, request.data)
@@ -97,7 +101,13 @@ class SectorDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
     @extend_schema(
         operation_id="sectors_update",
         request=SectorUpdateSerializer,
-        responses={200: SectorSerializer},
+        responses={
+            200: SectorSerializer,
+            409: error_response(
+                "`sector_inactive` (retired sectors are read-only), `sector_name_taken` "
+                "or `sector_slug_taken`."
+            ),
+        },
     )
     def patch(self, request, sector_id: int):
         data = validated(SectorUpdateSerializer, request.data)
@@ -107,7 +117,7 @@ class SectorDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
     @extend_schema(
         operation_id="sectors_delete",
         request=None,
-        responses={405: OpenApiResponse(description="Always: sectors are deactivated instead.")},
+        responses={405: error_response("Always: sectors are deactivated instead.")},
     )
     def delete(self, request, sector_id: int):
         self.refuse_delete(sector_id=sector_id)
@@ -121,7 +131,7 @@ class SectorDeactivateApi(APIView):
         request=None,
         responses={
             200: SectorSerializer,
-            409: OpenApiResponse(description="`sector_in_use` or `sector_inactive`."),
+            409: error_response("`sector_in_use` or `sector_inactive`."),
         },
     )
     def post(self, request, sector_id: int):

@@ -82,7 +82,10 @@ class JobsApi(GenericAPIView):
                 "`invalid`, `unknown_automation`, `invalid_params`, `params_too_large`, "
                 "`invalid_idempotency_key`."
             ),
-            409: _error("`automation_inactive`, `idempotency_key_reused`."),
+            409: _error(
+                "`automation_inactive`, `automation_misconfigured` (its parameter schema is "
+                "broken), `idempotency_key_reused`."
+            ),
         },
     )
     def post(self, request):

@@ -11,9 +11,14 @@ from job.models import FailureReason, Job, JobStatus
 # --- people -------------------------------------------------------------------------------
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(serializers.JSONField):
+    """A job's parameters: always a JSON object (the database holds nothing else)."""
+
+
 class JobCreateInput(serializers.Serializer):
     automation = serializers.IntegerField(min_value=1)
-    params = serializers.JSONField(
+    params = JSONObjectField(
         required=False,
         default=dict,
         help_text="A JSON object; validated against the automation's parameter schema.",
@@ -66,15 +71,31 @@ class JobListFilters(serializers.Serializer):
         }
 
 
+class BlankAsNullChoiceField(serializers.ChoiceField):
+    """A choice the row keeps as "" while there is none, sent as null (a nullable enum)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_null=True, read_only=True, **kwargs)
+
+    def to_representation(self, value):
+        return None if value in ("", None) else super().to_representation(value)
+
+
 class JobOutput(serializers.ModelSerializer):
-    automation = serializers.IntegerField(source="automation_id")
+    automation = serializers.IntegerField(source="automation_id", read_only=True)
     requested_by = serializers.IntegerField(
-        source="requested_by_id", allow_null=True, help_text="The id of the person who asked."
+        source="requested_by_id",
+        allow_null=True,
+        read_only=True,
+        help_text="The id of the person who asked.",
     )
-    cancel_requested = serializers.BooleanField()
-    result = serializers.JSONField(allow_null=True)
-    params = serializers.JSONField()
-    progress = serializers.JSONField(allow_null=True)
+    cancel_requested = serializers.BooleanField(read_only=True)
+    result = serializers.JSONField(allow_null=True, read_only=True)
+    params = JSONObjectField(read_only=True)
+    progress = serializers.JSONField(allow_null=True, read_only=True)
+    failure_reason = BlankAsNullChoiceField(
+        choices=FailureReason.choices, help_text="Why the job failed; null unless it did."
+    )
 
     class Meta:
         model = Job
@@ -119,9 +140,9 @@ class PendingJobOutput(serializers.ModelSerializer):
 class ClaimedJobOutput(serializers.ModelSerializer):
     """The job as its worker sees it: what to run and the claim to report with."""
 
-    automation = serializers.IntegerField(source="automation_id")
-    params = serializers.JSONField()
-    cancel_requested = serializers.BooleanField()
+    automation = serializers.IntegerField(source="automation_id", read_only=True)
+    params = JSONObjectField(read_only=True)
+    cancel_requested = serializers.BooleanField(read_only=True)
 
     class Meta:
         model = Job
@@ -170,7 +191,8 @@ class HeartbeatInput(_ClaimInput):
 
 class HeartbeatOutput(serializers.ModelSerializer):
     cancel_requested = serializers.BooleanField(
-        help_text="True when someone asked to cancel: stop the command and report fail."
+        read_only=True,
+        help_text="True when someone asked to cancel: stop the command and report fail.",
     )
 
     class Meta:

@@ -1,5 +1,6 @@
 """Views that fail on purpose, to check the one error format."""
 
+from django.conf import settings
 from django.urls import include, path
 from rest_framework import serializers
 from rest_framework.decorators import api_view, authentication_classes, permission_classes
@@ -41,6 +42,20 @@ def private(request):
     return Response({})
 
 
+@api_view(["GET"])
+@authentication_classes([])
+@permission_classes([])
+def crash_in_render(request):
+    # Fails after the view, when the response is rendered: outside DRF's exception handler.
+    return Response({"not json": object()})
+
+
+def plain_crash(request):
+    # A plain Django view: its local variables appear on the debug page.
+    broker_url = settings.RABBITMQ_URL
+    raise RuntimeError(f"could not reach the broker ({len(broker_url)} characters of URL)")
+
+
 handler404 = "common.api.not_found_view"
 handler500 = "common.api.server_error_view"
 
@@ -49,5 +64,9 @@ urlpatterns = [
     path("t/conflict", conflict),
     path("t/crash", crash),
     path("t/private", private),
+    path("t/plain-crash", plain_crash),
+    path("api/t/crash", plain_crash),
+    path("health/t/crash", plain_crash),
+    path("api/t/crash-in-render", crash_in_render),
     path("", include("hubdommed.urls")),
 ]

@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
 
 from tests.factories import AutomationFactory, JobFactory, RunningJobFactory
 
@@ -145,3 +146,13 @@ def test_guessing_ids_finds_nothing_of_another_tenant(person_client, other_tenan
 
 def test_anonymous_callers_cannot_list_jobs(client):
     assert client.get(URL).status_code == 401
+
+
+def test_a_job_without_a_failure_sends_a_null_failure_reason_as_documented(person_client, user):
+    job = JobFactory(tenant=user.tenant, requested_by=user)
+    body = person_client.get(f"/api/v1/jobs/{job.pk}").json()
+    assert body["failure_reason"] is None
+
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    failure_reason = schema["components"]["schemas"]["JobOutput"]["properties"]["failure_reason"]
+    assert failure_reason["nullable"] is True

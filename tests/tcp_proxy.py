@@ -1,0 +1,78 @@
+"""A TCP proxy in front of a real service, to make it slow on purpose.
+
+It forwards bytes both ways between its own port and the service's, and can hold a
+connection (accepted, but nothing forwarded) until the test lets it go: the service looks
+slow to answer, while every byte that does flow is the real service's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Callable
+
+
+class TcpProxy:
+    def __init__(self, target_port: int, *, target_host: str = "127.0.0.1") -> None:
+        self.target = (target_host, target_port)
+        self.connections = 0
+        # Called with the connection's number (1 for the first) before it is forwarded.
+        self.before_forwarding: Callable[[int], None] | None = None
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._listener.close()
+        with self._lock:
+            for sock in self._sockets:
+                sock.close()
+
+    def __enter__(self) -> TcpProxy:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _accept(self) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+                number = self.connections
+                self._sockets.append(client)
+            threading.Thread(target=self._serve, args=(client, number), daemon=True).start()
+
+    def _serve(self, client: socket.socket, number: int) -> None:
+        try:
+            if self.before_forwarding is not None:
+                # Raising OSError hangs up on the client: the service looks down.
+                self.before_forwarding(number)
+            upstream = socket.create_connection(self.target)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._sockets.append(upstream)
+        for source, sink in ((client, upstream), (upstream, client)):
+            threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
