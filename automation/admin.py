@@ -25,7 +25,7 @@ from automation.services import (
 from automation.validation import automation_errors, machine_errors
 from common.admin import DeactivatableAdmin, StorableJSONField, adopt
 from common.errors import DomainError
-from sector.selectors import sector_list
+from sector.selectors import sectors_active
 
 MACHINE_FIELDS = ("provider", "machine_id", "region")
 AUTOMATION_FIELDS = (
@@ -59,7 +59,7 @@ class AutomationAdminForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if "sector" in self.fields:
             # Automations are filed under active sectors only.
-            self.fields["sector"].queryset = sector_list(active=True)
+            self.fields["sector"].queryset = sectors_active()
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()

@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from automation.authentication import WorkerAuthentication
 from automation.models import Automation, Worker
 from automation.permissions import IsWorker
-from automation.selectors import automation_get_with_worker, automation_list
+from automation.selectors import automation_for_caller, automation_list
 from automation.services import (
     automation_create,
     automation_deactivate,
@@ -29,7 +29,6 @@ from automation.services import (
     worker_seen,
 )
 from common.api import NeverDeleted, validated
-from common.errors import NotFound
 from common.schema import error_response
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
@@ -192,13 +191,9 @@ class AutomationListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView)
     def get_queryset(self) -> QuerySet[Automation]:
         filters = AutomationFilterSerializer(data=self.request.query_params)
         filters.is_valid(raise_exception=True)
-        active = filters.validated_data["active"]
-        if not is_platform_admin(self.request):
-            if active is False:
-                return Automation.objects.none()
-            active = True
         return automation_list(
-            active=active,
+            caller=self.request.user,
+            active=filters.validated_data["active"],
             sector_id=filters.validated_data["sector"],
             search=filters.validated_data["search"],
         )
@@ -238,9 +233,7 @@ class AutomationDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
 
     @extend_schema(operation_id="automations_read", responses={200: AutomationSerializer})
     def get(self, request, automation_id: int):
-        automation = automation_get_with_worker(automation_id)
-        if automation is None or not (automation.is_active or is_platform_admin(request)):
-            raise NotFound("The automation does not exist.")
+        automation = automation_for_caller(caller=request.user, automation_id=automation_id)
         return Response(represent(request, automation))
 
     @extend_schema(

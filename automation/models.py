@@ -8,9 +8,10 @@ from django.db.models.lookups import Exact
 from django.utils import timezone
 
 from common.errors import Conflict
+from common.models import Deactivatable
 
 
-class Automation(models.Model):
+class Automation(Deactivatable):
     """Something a tenant can run: a command executed by the automation's own worker."""
 
     id = models.BigAutoField(primary_key=True)
@@ -27,10 +28,12 @@ class Automation(models.Model):
     max_attempts = models.PositiveIntegerField(default=1)
     # JSON Schema the job parameters must satisfy; null accepts any JSON object.
     params_schema = models.JSONField(null=True, blank=True)
-    is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    deactivated_at = models.DateTimeField(null=True, blank=True)
+
+    # A deactivated automation is read-only: its jobs and events keep their meaning.
+    inactive_message = "The automation is not active."
+    inactive_code = "automation_inactive"
 
     class Meta:
         db_table = "automations"
@@ -60,16 +63,6 @@ class Automation(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-    def ensure_active(self) -> None:
-        """A deactivated automation is read-only: its jobs and events keep their meaning."""
-        if not self.is_active:
-            raise Conflict("The automation is not active.", code="automation_inactive")
-
-    def deactivate(self) -> None:
-        self.ensure_active()
-        self.is_active = False
-        self.deactivated_at = timezone.now()
 
 
 class Worker(models.Model):

@@ -1,10 +1,20 @@
-"""Reads of automations and workers that other modules may call."""
+"""Reads of automations and workers that other modules may call.
+
+Who sees a retired automation is decided here: a platform admin sees every automation,
+everyone else the active ones only. A retired automation is then "not found" for them.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from django.db.models import Q, QuerySet
 
 from automation.models import Automation, Worker
+from common.errors import NotFound
+
+if TYPE_CHECKING:
+    from identity.models import User
 
 
 def automation_get(automation_id: int, *, active_only: bool = False) -> Automation | None:
@@ -16,10 +26,6 @@ def automation_get(automation_id: int, *, active_only: bool = False) -> Automati
 
 def automation_get_by_slug(slug: str) -> Automation | None:
     return Automation.objects.filter(slug=slug).first()
-
-
-def worker_of_automation(automation_id: int) -> Worker | None:
-    return Worker.objects.filter(automation_id=automation_id).first()
 
 
 def automations_with_silent_workers(automation_ids, *, silent_since) -> list[int]:
@@ -36,15 +42,30 @@ def automations_with_silent_workers(automation_ids, *, silent_since) -> list[int
     )
 
 
-def automation_get_with_worker(automation_id: int) -> Automation | None:
-    return Automation.objects.select_related("worker").filter(pk=automation_id).first()
+def automations_visible_to(caller: User) -> QuerySet[Automation]:
+    """Automations with their worker: all for a platform admin, the active ones for others."""
+    queryset = Automation.objects.select_related("worker")
+    if caller.is_platform_admin:
+        return queryset
+    return queryset.filter(is_active=True)
+
+
+def automation_for_caller(*, caller: User, automation_id: int) -> Automation:
+    automation = automations_visible_to(caller).filter(pk=automation_id).first()
+    if automation is None:
+        raise NotFound("The automation does not exist.")
+    return automation
 
 
 def automation_list(
-    *, active: bool | None = None, sector_id: int | None = None, search: str = ""
+    *,
+    caller: User,
+    active: bool | None = None,
+    sector_id: int | None = None,
+    search: str = "",
 ) -> QuerySet[Automation]:
-    """Automations with their worker, in catalog order."""
-    queryset = Automation.objects.select_related("worker")
+    """The automations ``caller`` may see, in catalog order; ``active`` narrows them."""
+    queryset = automations_visible_to(caller)
     if active is not None:
         queryset = queryset.filter(is_active=active)
     if sector_id is not None:

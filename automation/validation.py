@@ -63,7 +63,7 @@ def automation_errors(fields: Mapping[str, Any]) -> Errors:
             elif not 1 <= value <= MAX_INT:
                 errors[field] = [f"Must be at least 1 (and at most {MAX_INT})."]
     if "params_schema" in fields:
-        problem = _schema_problem(fields["params_schema"])
+        problem = params_schema_problem(fields["params_schema"])
         if problem:
             errors["params_schema"] = [problem]
     return errors
@@ -106,13 +106,7 @@ def _command_problem(command: Any) -> str | None:
     for position, argument in enumerate(command):
         if not isinstance(argument, str) or not argument:
             return f"Argument {position} must be a non-empty string."
-        if "\x00" in argument:
-            return f"Argument {position} contains a NUL character."
     return None
-
-
-def _schema_problem(schema: Any) -> str | None:
-    return params_schema_problem(schema)
 
 
 # --- Parameter schemas ----------------------------------------------------------------------

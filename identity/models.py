@@ -15,20 +15,23 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from common.errors import Conflict
+from common.models import Deactivatable
 from identity.emails import normalize_email
 
 
-class Tenant(models.Model):
+class Tenant(Deactivatable):
     """An organization: owns users and jobs; its messages go to ``outbox_messages``."""
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=100, unique=True)
-    is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    deactivated_at = models.DateTimeField(null=True, blank=True)
+
+    inactive_message = "The tenant is deactivated."
+    inactive_code = "tenant_inactive"
+    already_inactive_message = "The tenant is already deactivated."
+    already_inactive_code = "already_inactive"
 
     class Meta:
         db_table = "tenants"
@@ -38,15 +41,8 @@ class Tenant(models.Model):
         return self.name
 
     def rename(self, *, name: str) -> None:
-        if not self.is_active:
-            raise Conflict("A deactivated tenant cannot be renamed.", code="tenant_inactive")
+        self.ensure_active(message="A deactivated tenant cannot be renamed.")
         self.name = name
-
-    def deactivate(self, *, now: datetime | None = None) -> None:
-        if not self.is_active:
-            raise Conflict("The tenant is already deactivated.", code="already_inactive")
-        self.is_active = False
-        self.deactivated_at = now or timezone.now()
 
 
 class UserManager(BaseUserManager):
@@ -78,7 +74,7 @@ class UserManager(BaseUserManager):
         return self._create(email, password, **fields)
 
 
-class User(AbstractBaseUser, PermissionsMixin):
+class User(Deactivatable, AbstractBaseUser, PermissionsMixin):
     """A person. Tenant users have a tenant and a role; platform admins are staff, no tenant."""
 
     class Role(models.TextChoices):
@@ -94,11 +90,14 @@ class User(AbstractBaseUser, PermissionsMixin):
         Tenant, null=True, blank=True, on_delete=models.PROTECT, related_name="users"
     )
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
-    is_active = models.BooleanField(default=True)
     is_staff = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    deactivated_at = models.DateTimeField(null=True, blank=True)
+
+    inactive_message = "A deactivated user cannot be changed."
+    inactive_code = "user_inactive"
+    already_inactive_message = "The user is already deactivated."
+    already_inactive_code = "already_inactive"
 
     objects = UserManager()
 
@@ -139,12 +138,6 @@ class User(AbstractBaseUser, PermissionsMixin):
     def may_log_in(self) -> bool:
         """Active, and (for tenant users) of an active tenant."""
         return self.is_active and (self.tenant_id is None or self.tenant.is_active)
-
-    def deactivate(self, *, now: datetime | None = None) -> None:
-        if not self.is_active:
-            raise Conflict("The user is already deactivated.", code="already_inactive")
-        self.is_active = False
-        self.deactivated_at = now or timezone.now()
 
 
 class RevokeReason(models.TextChoices):

@@ -14,13 +14,6 @@ from identity.emails import normalize_email
 from identity.models import Tenant, User
 
 
-def tenant_get(tenant_id: int, *, active_only: bool = False) -> Tenant | None:
-    queryset = Tenant.objects.all()
-    if active_only:
-        queryset = queryset.filter(is_active=True)
-    return queryset.filter(pk=tenant_id).first()
-
-
 def tenant_list(*, is_active: bool | None = None, search: str = "") -> QuerySet[Tenant]:
     queryset = Tenant.objects.all()
     if is_active is not None:
@@ -31,17 +24,10 @@ def tenant_list(*, is_active: bool | None = None, search: str = "") -> QuerySet[
 
 
 def tenant_for_admin(tenant_id: int) -> Tenant:
-    tenant = tenant_get(tenant_id)
+    tenant = Tenant.objects.filter(pk=tenant_id).first()
     if tenant is None:
         raise NotFound("No such tenant.")
     return tenant
-
-
-def user_get(user_id: int, *, active_only: bool = False) -> User | None:
-    queryset = User.objects.select_related("tenant")
-    if active_only:
-        queryset = queryset.filter(is_active=True)
-    return queryset.filter(pk=user_id).first()
 
 
 def user_get_by_email(email: str) -> User | None:

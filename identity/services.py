@@ -139,8 +139,7 @@ def user_register(
     actor: User,
 ) -> User:
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
-    if not tenant.is_active:
-        raise Conflict("The tenant is deactivated.", code="tenant_inactive")
+    tenant.ensure_active()
     email = normalize_email(email)
     user = User(email=email, full_name=full_name.strip(), tenant=tenant, role=role)
     try:
@@ -170,8 +169,7 @@ def user_update(
     *, user: User, full_name: str | None = None, role: str | None = None, actor: User
 ) -> User:
     user = User.objects.select_for_update().get(pk=user.pk)
-    if not user.is_active:
-        raise Conflict("A deactivated user cannot be changed.", code="user_inactive")
+    user.ensure_active()
     fields = []
     if full_name is not None:
         user.full_name = full_name.strip()

@@ -14,11 +14,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.errors import NotFound
 from common.schema import error_response
-from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
+from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins
 from sector.models import Sector
-from sector.selectors import sector_get, sector_list
+from sector.selectors import sector_for_caller, sector_list
 from sector.services import sector_create, sector_deactivate, sector_update
 
 
@@ -65,26 +64,13 @@ class SectorFilterSerializer(serializers.Serializer):
     search = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
 
 
-def readable_sector(request, sector_id: int) -> Sector:
-    """The sector as this caller may see it: retired sectors exist for platform admins only."""
-    sector = sector_get(sector_id, active_only=not is_platform_admin(request))
-    if sector is None:
-        raise NotFound("The sector does not exist.")
-    return sector
-
-
 class SectorListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView):
     serializer_class = SectorSerializer
 
     def get_queryset(self) -> QuerySet[Sector]:
         filters = SectorFilterSerializer(data=self.request.query_params)
         filters.is_valid(raise_exception=True)
-        active = filters.validated_data["active"]
-        if not is_platform_admin(self.request):
-            if active is False:
-                return Sector.objects.none()
-            active = True
-        return sector_list(active=active, search=filters.validated_data["search"])
+        return sector_list(caller=self.request.user, **filters.validated_data)
 
     @extend_schema(operation_id="sectors_list", parameters=[SectorFilterSerializer])
     def get(self, request, *args, **kwargs):
@@ -109,7 +95,8 @@ class SectorDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
 
     @extend_schema(operation_id="sectors_read", responses={200: SectorSerializer})
     def get(self, request, sector_id: int):
-        return Response(SectorSerializer(readable_sector(request, sector_id)).data)
+        sector = sector_for_caller(caller=request.user, sector_id=sector_id)
+        return Response(SectorSerializer(sector).data)
 
     @extend_schema(
         operation_id="sectors_update",

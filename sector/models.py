@@ -3,22 +3,23 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
-from django.utils import timezone
 
-from common.errors import Conflict
+from common.models import Deactivatable
 
 
-class Sector(models.Model):
+class Sector(Deactivatable):
     """A classification of automations (finance, logistics…). Deactivated, never deleted."""
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=120)
     slug = models.SlugField(max_length=120, unique=True)
     description = models.TextField(blank=True, default="")
-    is_active = models.BooleanField(default=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    deactivated_at = models.DateTimeField(null=True, blank=True)
+
+    # Retired sectors are read-only: the trail of what they were stays true.
+    inactive_message = "The sector is not active."
+    inactive_code = "sector_inactive"
 
     class Meta:
         db_table = "sectors"
@@ -32,13 +33,3 @@ class Sector(models.Model):
 
     def __str__(self) -> str:
         return self.name
-
-    def ensure_active(self) -> None:
-        """Retired sectors are read-only: the trail of what they were stays true."""
-        if not self.is_active:
-            raise Conflict("The sector is not active.", code="sector_inactive")
-
-    def deactivate(self) -> None:
-        self.ensure_active()
-        self.is_active = False
-        self.deactivated_at = timezone.now()

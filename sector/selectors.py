@@ -1,21 +1,45 @@
-"""Reads of sectors that other modules may call."""
+"""Reads of sectors that other modules may call.
+
+Who sees a retired sector is decided here: a platform admin sees every sector, everyone
+else the active ones only. A retired sector is then "not found" for them, as if it had
+never existed.
+"""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.db.models import Q, QuerySet
 
+from common.errors import NotFound
 from sector.models import Sector
 
-
-def sector_get(sector_id: int, *, active_only: bool = False) -> Sector | None:
-    queryset = Sector.objects.all()
-    if active_only:
-        queryset = queryset.filter(is_active=True)
-    return queryset.filter(pk=sector_id).first()
+if TYPE_CHECKING:
+    from identity.models import User
 
 
-def sector_list(*, active: bool | None = None, search: str = "") -> QuerySet[Sector]:
-    queryset = Sector.objects.all()
+def sectors_visible_to(caller: User) -> QuerySet[Sector]:
+    """Every sector for a platform admin; the active ones for everyone else."""
+    if caller.is_platform_admin:
+        return Sector.objects.all()
+    return Sector.objects.filter(is_active=True)
+
+
+def sectors_active() -> QuerySet[Sector]:
+    """The sectors an automation may be filed under."""
+    return Sector.objects.filter(is_active=True)
+
+
+def sector_for_caller(*, caller: User, sector_id: int) -> Sector:
+    sector = sectors_visible_to(caller).filter(pk=sector_id).first()
+    if sector is None:
+        raise NotFound("The sector does not exist.")
+    return sector
+
+
+def sector_list(*, caller: User, active: bool | None = None, search: str = "") -> QuerySet[Sector]:
+    """The sectors ``caller`` may see; ``active`` narrows them (retired ones: admins only)."""
+    queryset = sectors_visible_to(caller)
     if active is not None:
         queryset = queryset.filter(is_active=active)
     if search:

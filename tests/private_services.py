@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +40,7 @@ import psycopg
 import pytest
 import redis
 
+from tests.polling import wait_until
 from tests.processes import process_environment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,18 +63,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((HOST, 0))
         return sock.getsockname()[1]
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str, interval=0.1):
-    """Poll ``condition`` until it returns something true; its value, or TimeoutError."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout:g} s")
-        time.sleep(interval)
 
 
 def _port_open(port: int) -> bool:
@@ -160,7 +148,7 @@ class PrivatePostgres:
         if not self._initialized:
             self._initdb()
         self._pg_ctl("-w", "-t", "60", "start")
-        wait_for(self._accepts, 30, "private PostgreSQL accepting connections")
+        wait_until(self._accepts, timeout=30, message="private PostgreSQL accepting connections")
 
     def _accepts(self) -> bool:
         try:
@@ -176,7 +164,7 @@ class PrivatePostgres:
 
     def restart(self, mode: str = "fast") -> None:
         self._pg_ctl("-w", "-t", "60", "-m", mode, "restart")
-        wait_for(self._accepts, 30, "private PostgreSQL accepting connections")
+        wait_until(self._accepts, timeout=30, message="private PostgreSQL accepting connections")
 
     def execute(self, sql: str, params=None, dbname: str = "postgres"):
         with psycopg.connect(self.url(dbname), autocommit=True, connect_timeout=5) as conn:
@@ -287,7 +275,9 @@ class PrivateRabbitMQ:
         )
         log.close()
         try:
-            wait_for(self._accepts, 90, f"private RabbitMQ {self.node} accepting AMQP")
+            wait_until(
+                self._accepts, timeout=90, message=f"private RabbitMQ {self.node} accepting AMQP"
+            )
         except TimeoutError:
             self._kill()
             raise
@@ -333,7 +323,9 @@ class PrivateRabbitMQ:
         self.ctl("stop_app")
         self.ctl("reset")
         self.ctl("start_app")
-        wait_for(self._accepts, 60, f"private RabbitMQ {self.node} accepting AMQP")
+        wait_until(
+            self._accepts, timeout=60, message=f"private RabbitMQ {self.node} accepting AMQP"
+        )
 
     def close(self) -> None:
         _ALIVE.discard(self)
@@ -365,7 +357,7 @@ class PrivateRedis:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )  # fmt: skip
-        wait_for(self._accepts, 20, "private Redis answering PING")
+        wait_until(self._accepts, timeout=20, message="private Redis answering PING")
 
     def _accepts(self) -> bool:
         conn = redis.Redis.from_url(self.url, socket_connect_timeout=1)
@@ -455,7 +447,7 @@ class Daemon:
         def found():
             return next((line for line in self.lines[after:] if text in line), None)
 
-        return wait_for(found, timeout, f"a log line with {text!r}")
+        return wait_until(found, timeout=timeout, message=f"a log line with {text!r}")
 
     def stop(self, timeout: float = 20) -> int:
         """SIGTERM, wait (SIGKILL past ``timeout``); the exit code."""

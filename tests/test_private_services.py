@@ -10,7 +10,8 @@ import psycopg
 import pytest
 import redis
 
-from tests.private_services import PrivatePostgres, private_environment, wait_for
+from tests.polling import wait_until
+from tests.private_services import PrivatePostgres, private_environment
 
 
 def _amqp(url: str) -> pika.BlockingConnection:
@@ -82,7 +83,7 @@ def test_private_rabbitmq_takes_config(private_rabbitmq_factory):
         return channel.is_closed
 
     # Over max_message_size: the broker closes the channel (406 PRECONDITION_FAILED).
-    wait_for(closed, 10, "the channel closed by the broker")
+    wait_until(closed, timeout=10, message="the channel closed by the broker")
     conn.close()
 
 
@@ -93,7 +94,7 @@ def test_private_redis_stops_and_starts(private_redis):
     with pytest.raises(redis.ConnectionError):
         conn.ping()
     private_redis.start()
-    assert wait_for(conn.ping, 5, "redis back")
+    assert wait_until(conn.ping, timeout=5, message="redis back")
     conn.close()
 
 

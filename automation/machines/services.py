@@ -125,8 +125,3 @@ def machines_stop_idle(*, idle_for: timedelta, busy_automation_ids: set[int]) ->
             )
         stopped += 1
     return stopped
-
-
-def machine_state(*, automation_id: int) -> MachineState:
-    worker = Worker.objects.select_related("automation").get(automation_id=automation_id)
-    return provider_for(worker).state(worker)

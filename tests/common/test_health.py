@@ -1,7 +1,6 @@
 import logging
 import socket
 import threading
-import time
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -11,6 +10,7 @@ from django.db import connection
 from django.test import Client, RequestFactory
 
 from common import health
+from tests.polling import wait_until
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db
@@ -167,7 +167,9 @@ def test_probes_at_the_same_time_share_one_broker_connection(probes):
         with ThreadPoolExecutor(max_workers=8) as pool:
             answers = [pool.submit(ready_in_this_thread, factory) for _ in range(8)]
             # Release the broker once the first probe's connection is waiting on it.
-            wait_until(lambda: proxy.connections >= 1)
+            wait_until(
+                lambda: proxy.connections >= 1, interval=0.01, message="a connection to the proxy"
+            )
             release.set()
             statuses = [answer.result(timeout=10).status_code for answer in answers]
     assert statuses == [200] * 8
@@ -207,13 +209,6 @@ def ready_in_this_thread(factory: RequestFactory):
 
 def _hang_up():
     raise ConnectionAbortedError("refused on purpose")
-
-
-def wait_until(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_a_check_that_ends_before_the_probe_tracks_it_does_not_block(probes, monkeypatch):

@@ -13,9 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pika
@@ -182,16 +180,6 @@ def api(live_server, person):
     session.base = f"{live_server.url}/api/v1"
     yield session
     session.close()
-
-
-def wait_until(predicate: Callable[[], object], *, timeout: float, describe: Callable[[], str]):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"gave up after {timeout:g} s\n{describe()}")
 
 
 def job_status(job_id: int) -> str:

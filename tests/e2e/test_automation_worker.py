@@ -13,7 +13,8 @@ from django.utils import timezone
 
 from job.models import Job
 from outbox.models import Event
-from tests.e2e.conftest import job_status, wait_until
+from tests.e2e.conftest import job_status
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -80,7 +81,7 @@ def test_three_workers_never_run_more_than_the_limit_and_run_every_job_once(
             == {"succeeded"}
         ),
         timeout=120,
-        describe=system.log_text,
+        message=system.log_text,
     )
     rows = trace_lines(trace)
     started = [job for kind, job, _, _ in rows if kind == "start"]
@@ -96,7 +97,7 @@ def test_canceling_a_running_job_stops_its_command(system, catalog, api, setting
     trace = tmp_path / "trace"
     system.automation_worker("cancelable", created.credential, AGENT_POLL_INTERVAL="0.3")
     job_id = trigger(api, created.automation.id, trace=str(trace), sleep=60)
-    wait_until(lambda: trace_lines(trace), timeout=60, describe=system.log_text)
+    wait_until(lambda: trace_lines(trace), timeout=60, message=system.log_text)
     pid = trace_lines(trace)[0][3]
 
     assert api.post(f"{api.base}/jobs/{job_id}/cancel").status_code == 200
@@ -104,9 +105,9 @@ def test_canceling_a_running_job_stops_its_command(system, catalog, api, setting
     wait_until(
         lambda: job_status(job_id) == "canceled",
         timeout=30,
-        describe=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
+        message=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
     )
-    wait_until(lambda: not pid_alive(pid), timeout=15, describe=lambda: f"{pid} still runs")
+    wait_until(lambda: not pid_alive(pid), timeout=15, message=lambda: f"{pid} still runs")
     assert [kind for kind, *_ in trace_lines(trace)] == ["start"]
 
 
@@ -122,13 +123,13 @@ def test_a_command_past_its_timeout_is_stopped_and_the_job_fails_with_the_reason
     wait_until(
         lambda: job_status(job_id) == "failed",
         timeout=60,
-        describe=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
+        message=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
     )
     job = Job.objects.get(pk=job_id)
     assert job.failure_reason == "timeout"
     assert "timed out after 2 s" in job.error
     pid = trace_lines(trace)[0][3]
-    wait_until(lambda: not pid_alive(pid), timeout=15, describe=lambda: f"{pid} still runs")
+    wait_until(lambda: not pid_alive(pid), timeout=15, message=lambda: f"{pid} still runs")
 
 
 def test_a_failing_command_fails_the_job_with_its_exit_code_and_output(system, catalog, api):
@@ -140,7 +141,7 @@ def test_a_failing_command_fails_the_job_with_its_exit_code_and_output(system, c
     wait_until(
         lambda: job_status(job_id) == "failed",
         timeout=60,
-        describe=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
+        message=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
     )
     job = Job.objects.get(pk=job_id)
     assert (job.failure_reason, job.exit_code) == ("exit_code", 3)
@@ -169,7 +170,7 @@ def test_a_worker_killed_mid_job_leads_the_monitor_to_fail_it_as_worker_lost(
     trace = tmp_path / "trace"
     worker = system.automation_worker("fragile", created.credential, AGENT_POLL_INTERVAL="0.3")
     job_id = trigger(api, created.automation.id, trace=str(trace), sleep=60)
-    wait_until(lambda: trace_lines(trace), timeout=60, describe=system.log_text)
+    wait_until(lambda: trace_lines(trace), timeout=60, message=system.log_text)
 
     # The machine dies: the worker and the command it ran, without a word.
     worker.send_signal(signal.SIGKILL)
@@ -179,7 +180,7 @@ def test_a_worker_killed_mid_job_leads_the_monitor_to_fail_it_as_worker_lost(
     wait_until(
         lambda: Job.objects.filter(pk=job_id, lease_expires_at__lt=timezone.now()).exists(),
         timeout=30,
-        describe=lambda: "the lease never expired",
+        message=lambda: "the lease never expired",
     )
 
     monitor = system.start("monitor", "watch_stuck_jobs", "--once")

@@ -10,7 +10,8 @@ import pytest
 
 from job.models import Job
 from outbox.models import Event
-from tests.e2e.conftest import job_status, wait_until
+from tests.e2e.conftest import job_status
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -32,7 +33,7 @@ def test_a_job_runs_end_to_end_through_power_on(system, catalog, api):
     wait_until(
         lambda: job_status(job_id) == "succeeded",
         timeout=90,
-        describe=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
+        message=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
     )
     job = Job.objects.get(pk=job_id)
     assert "hello, Ada!" in job.output_tail
@@ -61,7 +62,7 @@ def test_a_running_worker_takes_the_job_from_its_queue(system, catalog, api):
             pk=created.automation.worker.pk, status="online"
         ).exists(),
         timeout=30,
-        describe=system.log_text,
+        message=system.log_text,
     )
 
     job_id = trigger(api, created.automation.id, name="queue")
@@ -69,7 +70,7 @@ def test_a_running_worker_takes_the_job_from_its_queue(system, catalog, api):
     wait_until(
         lambda: job_status(job_id) == "succeeded",
         timeout=60,
-        describe=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
+        message=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
     )
     assert "hello, queue!" in Job.objects.get(pk=job_id).output_tail
     assert worker.poll() is None
@@ -85,6 +86,6 @@ def test_a_job_whose_message_is_lost_is_found_by_the_poll(system, catalog, api):
     wait_until(
         lambda: job_status(job_id) == "succeeded",
         timeout=60,
-        describe=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
+        message=lambda: f"job is {job_status(job_id)}\n{system.log_text()}",
     )
     assert "hello, poll!" in Job.objects.get(pk=job_id).output_tail

@@ -25,8 +25,9 @@ from django.utils import timezone
 from automation.models import Automation
 from job.models import Job
 from job.services import job_create
-from tests.e2e.conftest import ROOT, job_status, wait_until
+from tests.e2e.conftest import ROOT, job_status
 from tests.factories import PlatformAdminFactory
+from tests.polling import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -144,7 +145,7 @@ def test_stopping_the_whole_system_while_a_job_runs_loses_nothing(
         wait_until(
             lambda: job_status(job.id) == "running",
             timeout=60,
-            describe=lambda: f"job is {job_status(job.id)}\n{stack.log_text()}",
+            message=lambda: f"job is {job_status(job.id)}\n{stack.log_text()}",
         )
         time.sleep(2)
 
@@ -153,7 +154,7 @@ def test_stopping_the_whole_system_while_a_job_runs_loses_nothing(
         # The stopped worker finishes the command within its stop budget, cannot report
         # (the hub is gone), keeps the outcome on its machine's disk and exits.
         pid = stack.worker_pid("survivor")
-        wait_until(lambda: not alive(pid), timeout=60, describe=stack.log_text)
+        wait_until(lambda: not alive(pid), timeout=60, message=stack.log_text)
         assert job_status(job.id) == "running"
         assert list((stack.machines / "survivor.outcomes").glob("job-*.json"))
 
@@ -162,7 +163,7 @@ def test_stopping_the_whole_system_while_a_job_runs_loses_nothing(
         wait_until(
             lambda: job_status(job.id) not in ("pending", "running"),
             timeout=60,
-            describe=lambda: f"job is {job_status(job.id)}\n{stack.log_text()}",
+            message=lambda: f"job is {job_status(job.id)}\n{stack.log_text()}",
         )
         # The worker lets go of the kept outcome once the hub took it, a moment after the
         # job's end is committed: before the stack stops under it.
@@ -195,7 +196,7 @@ def test_a_job_runs_within_seconds_of_a_credential_rotation(system, catalog, api
     wait_until(
         lambda: job_status(first.json()["id"]) == "succeeded",
         timeout=90,
-        describe=lambda: f"first job: {job_status(first.json()['id'])}\n{system.log_text()}",
+        message=lambda: f"first job: {job_status(first.json()['id'])}\n{system.log_text()}",
     )
     # The worker the first job powered on is idle now, holding its credential.
     admin = requests.Session()
@@ -215,7 +216,7 @@ def test_a_job_runs_within_seconds_of_a_credential_rotation(system, catalog, api
     wait_until(
         lambda: job_status(job_id) == "succeeded",
         timeout=30,
-        describe=lambda: f"second job: {job_status(job_id)}\n{system.log_text()}",
+        message=lambda: f"second job: {job_status(job_id)}\n{system.log_text()}",
     )
     job = Job.objects.get(pk=job_id)
     assert (job.started_at - posted).total_seconds() < 10, system.log_text()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
 
@@ -31,12 +30,3 @@ def fake_worker_command(settings, tmp_path):
     settings.BASE_DIR = base
     yield base
     (base / "stop").write_text("")
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from urllib.parse import urlsplit
 
 import pytest
@@ -22,17 +21,14 @@ from job.models import Job
 from job.services import job_claim, job_complete
 from tests.factories import AutomationFactory, JobFactory, WorkerFactory
 from tests.forwarding import Forwarder
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def wait_for(predicate, *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    pytest.fail(f"gave up waiting for {what}")
+def reports_put_off(caplog) -> int:
+    """How many times the worker tried to report an outcome and was told to wait."""
+    return sum("could not report the outcome yet" in r.getMessage() for r in caplog.records)
 
 
 def info_of(automation) -> AutomationInfo:
@@ -59,7 +55,7 @@ def start(worker: AutomationWorker) -> threading.Thread:
     return thread
 
 
-def test_an_outcome_the_hub_could_not_take_is_reported_once_it_answers(hub, tmp_path):
+def test_an_outcome_the_hub_could_not_take_is_reported_once_it_answers(hub, tmp_path, caplog):
     automation = AutomationFactory(
         command=[sys.executable, "-c", "import time; time.sleep(1.5); print('finished')"]
     )
@@ -72,19 +68,22 @@ def test_an_outcome_the_hub_could_not_take_is_reported_once_it_answers(hub, tmp_
     )
     thread = start(worker)
     try:
-        wait_for(lambda: Job.objects.get(pk=job.pk).status == "running", timeout=15, what="claim")
-        time.sleep(0.3)  # the claim's answer on its way back
+        wait_until(
+            lambda: Job.objects.get(pk=job.pk).status == "running", timeout=15, message="claim"
+        )
+        # The claim's answer is back (the worker counted it) before the hub goes away.
+        wait_until(lambda: worker.stats.claimed == 1, timeout=15, message="the claim's answer")
         hub.close()  # the hub goes away while the command runs
-        wait_for(lambda: spool.pending(), timeout=15, what="the outcome on disk")
-        time.sleep(1.0)  # a few reports refused meanwhile
+        wait_until(lambda: spool.pending(), timeout=15, message="the outcome on disk")
+        wait_until(lambda: reports_put_off(caplog) >= 2, timeout=15, message="two reports put off")
         assert Job.objects.get(pk=job.pk).status == "running"
 
         hub.open()
 
-        wait_for(
-            lambda: Job.objects.get(pk=job.pk).status == "succeeded", timeout=30, what="report"
+        wait_until(
+            lambda: Job.objects.get(pk=job.pk).status == "succeeded", timeout=30, message="report"
         )
-        wait_for(lambda: not spool.pending(), timeout=5, what="the spool to empty")
+        wait_until(lambda: not spool.pending(), timeout=5, message="the spool to empty")
     finally:
         worker.shutdown.set()
         thread.join(30)
@@ -111,7 +110,9 @@ def test_an_outcome_kept_by_a_previous_worker_is_reported_first_at_start(hub, tm
     worker = AutomationWorker(client, info_of(automation), poll_interval=60, spool=spool)
     thread = start(worker)
     try:
-        wait_for(lambda: Job.objects.get(pk=job.pk).status == "succeeded", timeout=15, what="it")
+        wait_until(
+            lambda: Job.objects.get(pk=job.pk).status == "succeeded", timeout=15, message="it"
+        )
     finally:
         worker.shutdown.set()
         thread.join(30)
@@ -139,7 +140,7 @@ def test_an_outcome_the_hub_refuses_for_good_is_dropped(hub, tmp_path):
     worker = AutomationWorker(client, info_of(automation), poll_interval=60, spool=spool)
     thread = start(worker)
     try:
-        wait_for(lambda: not spool.pending(), timeout=15, what="the refused outcome to go")
+        wait_until(lambda: not spool.pending(), timeout=15, message="the refused outcome to go")
     finally:
         worker.shutdown.set()
         thread.join(30)

@@ -10,7 +10,7 @@ from automation.machines import PowerOn
 from automation.machines.services import machine_power_on
 from automation.models import Worker
 from tests.factories import AutomationFactory, WorkerFactory
-from tests.machines.conftest import wait_for
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +20,7 @@ def test_power_on_starts_a_local_machine_with_a_fresh_credential(fake_worker_com
     old_hash = worker.credential_hash
 
     assert machine_power_on(automation_id=worker.automation_id) == PowerOn.STARTED
-    assert wait_for((fake_worker_command / "starts").exists)
+    assert wait_until((fake_worker_command / "starts").exists)
 
     worker.refresh_from_db()
     assert worker.status == Worker.Status.STARTING

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from types import SimpleNamespace
 
 import boto3
@@ -12,7 +11,7 @@ import pytest
 from automation.machines import MachineState, PowerOn, provider_for
 from automation.machines.ec2 import Ec2Provider
 from automation.machines.local import LocalProvider
-from tests.machines.conftest import wait_for
+from tests.polling import wait_until
 
 
 def worker(provider: str, *, slug: str = "demo", machine_id: str = "", region: str = ""):
@@ -107,7 +106,7 @@ def test_local_power_on_starts_one_detached_worker_with_its_credential(fake_work
 
     assert provider.power_on(machine, issue_credential=lambda: "hdw_first") == PowerOn.STARTED
     starts = fake_worker_command / "starts"
-    assert wait_for(starts.exists)
+    assert wait_until(starts.exists)
     assert provider.state(machine) == MachineState.RUNNING
     # Idempotent: the running worker holds the machine's lock.
     assert (
@@ -133,9 +132,10 @@ def test_concurrent_local_power_ons_start_a_single_worker(fake_worker_command):
     for thread in threads:
         thread.join()
 
+    # Every power-on has returned, and only one spawned a process (STARTED is returned
+    # after the spawn): that one process writes its line.
     assert sorted(results).count(PowerOn.STARTED) == 1
-    assert wait_for((fake_worker_command / "starts").exists)
-    time.sleep(0.3)
+    assert wait_until((fake_worker_command / "starts").exists)
     assert len((fake_worker_command / "starts").read_text().splitlines()) == 1
 
 
@@ -145,16 +145,19 @@ def test_when_the_local_worker_exits_the_machine_is_stopped_and_can_start_again(
     provider = LocalProvider()
     machine = worker("local", slug="again")
     provider.power_on(machine, issue_credential=lambda: "hdw_1")
-    assert wait_for(lambda: provider.state(machine) == MachineState.RUNNING)
+    assert wait_until(lambda: provider.state(machine) == MachineState.RUNNING)
     (fake_worker_command / "stop").write_text("")
-    assert wait_for(lambda: provider.state(machine) == MachineState.STOPPED)
+    assert wait_until(lambda: provider.state(machine) == MachineState.STOPPED)
     (fake_worker_command / "stop").unlink()
     assert provider.power_on(machine, issue_credential=lambda: "hdw_2") == PowerOn.STARTED
-    assert wait_for(lambda: len((fake_worker_command / "starts").read_text().splitlines()) == 2)
+    assert wait_until(lambda: len((fake_worker_command / "starts").read_text().splitlines()) == 2)
 
 
 def test_local_power_on_needs_a_credential(fake_worker_command):
+    machine = worker("local", slug="nocred")
     with pytest.raises(ValueError, match="credential"):
-        LocalProvider().power_on(worker("local", slug="nocred"))
-    time.sleep(0.2)
+        LocalProvider().power_on(machine)
+    # A process spawned before the refusal would hold the machine's lock from birth,
+    # written its line or not: the machine would be running.
+    assert LocalProvider().state(machine) == MachineState.STOPPED
     assert not (fake_worker_command / "starts").exists()

@@ -20,7 +20,7 @@ from automation.models import Worker
 from automation.services import worker_rotate_credential
 from outbox.models import PlatformOutboxMessage
 from tests.factories import AutomationFactory, WorkerFactory
-from tests.machines.conftest import wait_for
+from tests.polling import wait_until
 
 
 def starts(base) -> list[str]:
@@ -41,12 +41,12 @@ def test_restart_stops_the_running_worker_and_starts_one_with_a_fresh_credential
 ):
     worker = WorkerFactory(automation=AutomationFactory(slug="stranded"))
     assert machine_power_on(automation_id=worker.automation_id) == PowerOn.STARTED
-    assert wait_for(lambda: len(starts(fake_worker_command)) == 1)
+    assert wait_until(lambda: len(starts(fake_worker_command)) == 1)
     first_pid = int((fake_worker_command.parent / "machines" / "stranded.pid").read_text())
 
     assert machine_restart(automation_id=worker.automation_id) == PowerOn.STARTED
 
-    assert wait_for(lambda: len(starts(fake_worker_command)) == 2)
+    assert wait_until(lambda: len(starts(fake_worker_command)) == 2)
     old, new = (line.split("] ")[1] for line in starts(fake_worker_command))
     assert old != new
     worker.refresh_from_db()
@@ -92,7 +92,7 @@ def test_the_credential_a_power_on_issues_asks_for_no_restart(fake_worker_comman
 def test_a_worker_heard_from_since_the_monitor_looked_is_not_restarted(fake_worker_command):
     worker = WorkerFactory(automation=AutomationFactory(slug="alive"))
     machine_power_on(automation_id=worker.automation_id)
-    assert wait_for(lambda: len(starts(fake_worker_command)) == 1)
+    assert wait_until(lambda: len(starts(fake_worker_command)) == 1)
     looked = timezone.now() - timedelta(seconds=30)
     Worker.objects.filter(pk=worker.pk).update(last_seen_at=timezone.now())
 

@@ -25,7 +25,7 @@ from outbox.models import OutboxMessage, PlatformOutboxMessage
 from outbox.services import dispatch, publish
 from relay.management.commands.run_relay import Command
 from tests.factories import TenantFactory
-from tests.private_services import wait_for
+from tests.polling import wait_until
 from tests.relay.conftest import RabbitConsumer, run_ids, take_all_sqs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,7 +60,7 @@ def passes_until(command: Command, done, timeout: float = 20.0) -> None:
         command.relay_one_batch()
         return done()
 
-    wait_for(one_pass, timeout, "the relay to get there", interval=0.05)
+    wait_until(one_pass, timeout=timeout, message="the relay to get there", interval=0.05)
 
 
 def test_a_message_over_the_brokers_size_limit_backs_off_alone_and_the_others_go_once(

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from datetime import timedelta
 from io import StringIO
 
@@ -22,6 +21,7 @@ from outbox.models import PlatformOutboxMessage
 from outbox.services import dispatch
 from relay.management.commands.run_relay import Command
 from relay.models import RelaySchedule
+from tests.polling import wait_until
 from tests.processes import process_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,10 +86,12 @@ def test_the_daemon_wakes_on_a_commit_well_before_its_sweep_and_exits_0_on_sigte
     try:
         # The relay declares its queues at start, then sends the hourly purge (due at the
         # first start); once that has arrived, the relay is idle on BLPOP.
-        for _ in range(200):
-            if rabbit.exists("maintenance") or process.poll() is not None:
-                break
-            time.sleep(0.1)
+        wait_until(
+            lambda: rabbit.exists("maintenance") or process.poll() is not None,
+            timeout=20,
+            interval=0.1,
+            message="the relay to declare its queues",
+        )
         assert rabbit.take_one("maintenance", timeout=20) is not None
 
         with transaction.atomic():
@@ -168,10 +170,12 @@ def test_the_daemon_reconnects_after_the_database_drops_its_connection(settings,
     )
     try:
         # The hourly purge due at the first start: the relay is up and connected.
-        for _ in range(200):
-            if rabbit.exists("maintenance") or process.poll() is not None:
-                break
-            time.sleep(0.1)
+        wait_until(
+            lambda: rabbit.exists("maintenance") or process.poll() is not None,
+            timeout=20,
+            interval=0.1,
+            message="the relay to declare its queues",
+        )
         assert rabbit.take_one("maintenance", timeout=20) is not None
         assert drop_other_database_connections() >= 1
 

@@ -19,7 +19,8 @@ from django.db import transaction
 
 from outbox.models import PlatformOutboxMessage
 from outbox.services import dispatch
-from tests.private_services import Daemon, private_environment, wait_for
+from tests.polling import wait_until
+from tests.private_services import Daemon, private_environment
 from tests.relay.conftest import RabbitConsumer, run_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,7 +42,11 @@ def daemons():
 
 def first_message(consumer: RabbitConsumer):
     """The hourly purge, due at the relay's first start (its queue declared first)."""
-    wait_for(lambda: consumer.exists("maintenance"), 30, "the relay to declare its queues")
+    wait_until(
+        lambda: consumer.exists("maintenance"),
+        timeout=30,
+        message="the relay to declare its queues",
+    )
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -159,11 +164,19 @@ def test_a_draining_relay_recovers_from_a_database_restart_and_terminated_backen
         already = sent(pg, database)
         expected += insert_rows(pg, database, 3000)
         # Mid-drain: some batches sent, most not.
-        wait_for(lambda: sent(pg, database) >= already + 100, 30, "the drain to start")  # noqa: B023
+        wait_until(
+            lambda: sent(pg, database) >= already + 100,  # noqa: B023
+            timeout=30,
+            message="the drain to start",
+        )
         breaks()
         broken = time.monotonic()
         assert unsent(pg, database) > 0, "the backlog drained before the outage"
-        wait_for(lambda: unsent(pg, database) == 0, 60, f"the backlog to drain after {name}")
+        wait_until(
+            lambda: unsent(pg, database) == 0,
+            timeout=60,
+            message=f"the backlog to drain after {name}",
+        )
         print(f"\ndraining relay, database {name}: drained {time.monotonic() - broken:.1f} s after")
 
     received = run_ids(env for _, env in rabbit.take_all("maintenance"))
@@ -202,7 +215,11 @@ def test_after_a_broker_outage_the_backlog_drains_within_seconds_of_its_return(
     node.start()
     returned = time.monotonic()
     rows = PlatformOutboxMessage.objects.filter(run_id__in=backlog)
-    wait_for(lambda: not rows.filter(sent_at__isnull=True).exists(), 60, "the backlog to drain")
+    wait_until(
+        lambda: not rows.filter(sent_at__isnull=True).exists(),
+        timeout=60,
+        message="the backlog to drain",
+    )
     recovery = time.monotonic() - returned
     print(
         f"\nbroker outage of {returned - stopped:.1f} s: backlog of {len(backlog)} drained "
@@ -260,7 +277,11 @@ def test_a_relay_waiting_out_a_broker_outage_stops_promptly_on_sigterm(
     node.stop()
     with transaction.atomic():
         dispatch("maintenance.purge", {"during": "outage"})
-    wait_for(lambda: "broker unreachable" in relay.log, 20, "the relay to notice the outage")
+    wait_until(
+        lambda: "broker unreachable" in relay.log,
+        timeout=20,
+        message="the relay to notice the outage",
+    )
 
     asked = time.monotonic()
     assert relay.stop(timeout=15) == 0, relay.log
@@ -292,10 +313,18 @@ def test_without_redis_the_relay_sweeps_and_it_returns_to_the_signal_when_redis_
     with transaction.atomic():
         backlog = [dispatch("maintenance.purge", {"n": n}) for n in range(300)]
     rows = PlatformOutboxMessage.objects.filter(run_id__in=backlog)
-    wait_for(lambda: not rows.filter(sent_at__isnull=True).exists(), 30, "the sweep to drain")
+    wait_until(
+        lambda: not rows.filter(sent_at__isnull=True).exists(),
+        timeout=30,
+        message="the sweep to drain",
+    )
 
     private_redis.start()
-    wait_for(lambda: "Redis reachable again" in relay.log, sweep * 3, "the relay to see Redis")
+    wait_until(
+        lambda: "Redis reachable again" in relay.log,
+        timeout=sweep * 3,
+        message="the relay to see Redis",
+    )
     rabbit.take_all("maintenance")
     with transaction.atomic():
         woken = dispatch("maintenance.purge", {"redis": "back"})

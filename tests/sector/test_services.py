@@ -14,6 +14,7 @@ from sector.models import Sector
 from sector.selectors import sector_lock_for_use
 from sector.services import sector_create, sector_deactivate, sector_update
 from tests.factories import AutomationFactory, SectorFactory
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -152,7 +153,8 @@ def test_deactivation_succeeds_once_only_retired_automations_use_the_sector(plat
 
 def wait_until_blocked_on_a_lock(thread: threading.Thread) -> None:
     """Poll PostgreSQL until another session waits for this one (or the thread has ended)."""
-    while thread.is_alive():
+
+    def blocked() -> bool:
         with connection.cursor() as cursor:
             # pg_stat_activity is a snapshot per transaction unless cleared.
             cursor.execute("SELECT pg_stat_clear_snapshot()")
@@ -160,9 +162,14 @@ def wait_until_blocked_on_a_lock(thread: threading.Thread) -> None:
                 "SELECT count(*) FROM pg_stat_activity "
                 "WHERE pg_backend_pid() = ANY(pg_blocking_pids(pid))"
             )
-            if cursor.fetchone()[0]:
-                return
-        thread.join(0.01)
+            return bool(cursor.fetchone()[0])
+
+    wait_until(
+        lambda: not thread.is_alive() or blocked(),
+        timeout=30,
+        interval=0.01,
+        message="the other session to wait for this one",
+    )
 
 
 def in_thread(target) -> tuple[threading.Thread, dict]:

@@ -11,7 +11,6 @@ import json
 import os
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ from broker.topology import QUEUES
 from outbox.models import PlatformOutboxMessage, TaskRun
 from outbox.services import dispatch
 from relay.engine import OutboxRelay
+from tests.polling import wait_until
 from tests.worker import tasks as test_tasks  # registers the test handlers
 from worker.builders import build_task_worker
 
@@ -216,13 +216,8 @@ def dispatch_work(**payload) -> str:
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what or condition}")
+    """``wait_until`` with the worker tests' bound: a delivery may wait out a backoff."""
+    return wait_until(condition, timeout=timeout, message=what)
 
 
 def run_of(run_id: str) -> TaskRun:

@@ -14,6 +14,7 @@ from django.conf import settings
 
 from common.errors import InvalidInput
 from outbox.handlers import TaskMessage, task
+from tests.polling import WaitTimedOut, wait_until
 
 
 class TransientProblem(Exception):
@@ -33,11 +34,13 @@ def wait_for_go_ahead(message: TaskMessage, timeout: float = 20.0) -> None:
     meanwhile surely happens while the task runs."""
     client = redis.Redis.from_url(settings.REDIS_URL)
     try:
-        deadline = time.monotonic() + timeout
-        while not client.exists(go_ahead_key(message.run_id)):
-            if time.monotonic() > deadline:
-                raise TransientProblem("no go-ahead came")
-            time.sleep(0.05)
+        wait_until(
+            lambda: client.exists(go_ahead_key(message.run_id)),
+            timeout=timeout,
+            message="the go-ahead",
+        )
+    except WaitTimedOut:
+        raise TransientProblem("no go-ahead came") from None
     finally:
         client.close()
 

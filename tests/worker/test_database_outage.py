@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from tests.private_services import Daemon, private_environment, wait_for
+from tests.polling import wait_until
+from tests.private_services import Daemon, private_environment
 from tests.relay.test_outages import insert_rows
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,7 +36,11 @@ def test_the_worker_recovers_from_a_database_restart_and_terminated_backends(
     worker = Daemon("run_worker", "--queues", "maintenance", "--concurrency", "2", env=env)
     try:
         (first,) = insert_rows(pg, database, 1)
-        wait_for(lambda: run_status(pg, database, first) == "succeeded", 60, "a first run")
+        wait_until(
+            lambda: run_status(pg, database, first) == "succeeded",
+            timeout=60,
+            message="a first run",
+        )
 
         for name, breaks in (
             ("restart", lambda: pg.restart("fast")),
@@ -45,10 +50,10 @@ def test_the_worker_recovers_from_a_database_restart_and_terminated_backends(
             broken = time.monotonic()
             time.sleep(1)  # the worker's idle connections are dead by now
             (run_id,) = insert_rows(pg, database, 1)
-            wait_for(
+            wait_until(
                 lambda: run_status(pg, database, run_id) == "succeeded",  # noqa: B023
-                30,
-                f"a run after the database {name}",
+                timeout=30,
+                message=f"a run after the database {name}",
             )
             print(
                 f"\nworker, database {name}: run succeeded {time.monotonic() - broken:.1f} s after"
