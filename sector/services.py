@@ -16,11 +16,11 @@ from django.core.validators import validate_slug
 from django.db import IntegrityError, transaction
 from django.utils.text import slugify
 
-from automation.selectors import automation_count_active_in_sector
 from common.errors import Conflict, InvalidInput, NotFound
 from outbox.services import publish
 from sector.models import Sector
 from sector.selectors import sector_name_in_use
+from sector.usage import sector_usage
 
 NAME_MAX_LENGTH = Sector._meta.get_field("name").max_length
 SLUG_MAX_LENGTH = Sector._meta.get_field("slug").max_length
@@ -82,12 +82,12 @@ def sector_deactivate(*, sector_id: int, actor: Any) -> Sector:
     # (sector_lock_for_use), so the count below includes them.
     sector = _locked(sector_id)
     sector.ensure_active()
-    in_use = automation_count_active_in_sector(sector.id)
+    in_use = sector_usage(sector.id)
     if in_use:
         raise Conflict(
             "The sector still classifies active automations; deactivate or move them first.",
             code="sector_in_use",
-            details={"active_automations": in_use},
+            details=in_use,
         )
     sector.deactivate()
     sector.save(update_fields=["is_active", "deactivated_at", "updated_at"])
