@@ -170,7 +170,7 @@ def test_stopping_the_whole_system_while_a_job_runs_loses_nothing(
         wait_until(
             lambda: not list((stack.machines / "survivor.outcomes").glob("job-*.json")),
             timeout=30,
-            describe=stack.log_text,
+            message=stack.log_text,
         )
     finally:
         stack.cleanup()
