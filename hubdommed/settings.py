@@ -278,13 +278,29 @@ HEALTH_READY_CACHE_SECONDS = env.float("HEALTH_READY_CACHE_SECONDS", default=5.0
 
 # --- Logging: one line per record, to stderr (the service manager collects it) ------------
 LOG_LEVEL = env.choice("LOG_LEVEL", ("debug", "info", "warning", "error"), default="info").upper()
+# One JSON object per line in production (a log system parses them), a readable line in
+# development; both carry correlation_id, run_id, job_id and tenant_id where known.
+LOG_FORMAT = env.choice("LOG_FORMAT", ("json", "text"), default="text" if DEBUG else "json")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    "filters": {"context": {"()": "common.logs.ContextFilter"}},
     "formatters": {
-        "line": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "text": {"()": "common.logs.TextFormatter"},
+        "json": {
+            "()": "common.logs.JsonFormatter",
+            "fmt": "%(levelname)s %(name)s %(message)s",
+            "rename_fields": {"levelname": "level", "name": "logger"},
+            "timestamp": "time",
+        },
     },
-    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "line"}},
+    "handlers": {
+        "stderr": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMAT,
+            "filters": ["context"],
+        }
+    },
     "root": {"handlers": ["stderr"], "level": LOG_LEVEL},
     "loggers": {
         "django.server": {"level": "WARNING"},
@@ -292,6 +308,13 @@ LOGGING = {
         "botocore": {"level": "WARNING"},
     },
 }
+
+# --- Metrics ------------------------------------------------------------------------------
+# The port a daemon (run_relay, run_worker, watch_stuck_jobs) serves /metrics on; 0: off.
+METRICS_PORT = env.int("METRICS_PORT", default=0, minimum=0)
+# A file the daemon touches after each loop iteration, for a container's health check
+# (empty: none).
+LIVENESS_FILE = env.str("LIVENESS_FILE", default="")
 
 if not DEBUG:
     SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
