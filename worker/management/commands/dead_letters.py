@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from broker import TransportUnavailable, get_dead_letter_box, topology
+from broker import TransportUnavailable, topology
 from broker.consume import DeadLetter
 from broker.topology import QUEUES
-from outbox.runs import requeue_failed_run
+from worker.dead_letters import dead_letters_list, dead_letters_redrive
 
 
 class Command(BaseCommand):
@@ -45,36 +45,33 @@ class Command(BaseCommand):
         if limit < 1:
             raise CommandError("--limit must be at least 1")
         wanted = set(requeue)
-        box = get_dead_letter_box()
         try:
-            for destination in destinations:
-                if requeue or requeue_all:
-                    sent = box.requeue(
+            if requeue or requeue_all:
+                for destination in destinations:
+                    sent = dead_letters_redrive(
                         destination,
-                        lambda letter: requeue_all or letter.run_id in wanted,
-                        limit,
+                        run_ids=None if requeue_all else set(wanted),
+                        limit=limit,
+                        actor="command:dead_letters",
                     )
                     for letter in sent:
-                        if letter.run_id:
-                            requeue_failed_run(letter.run_id)
                         wanted.discard(letter.run_id)
                         self.stdout.write(
                             f"requeued {letter.run_id} {letter.task} -> {destination}"
                         )
-                else:
-                    # Counted first: listing hides messages for a while on SQS.
-                    waiting = box.count(destination)
-                    letters = box.peek(destination, limit)
-                    shown = f" (the first {len(letters)} listed)" if len(letters) < waiting else ""
-                    self.stdout.write(
-                        f"{topology.dead_letter_queue_name(destination)}: {waiting} waiting{shown}"
+            else:
+                for parked in dead_letters_list(destinations, limit=limit):
+                    letters = parked.letters
+                    shown = (
+                        f" (the first {len(letters)} listed)"
+                        if len(letters) < parked.waiting
+                        else ""
                     )
+                    self.stdout.write(f"{parked.queue}: {parked.waiting} waiting{shown}")
                     for letter in letters:
                         self.stdout.write("  " + _line(letter))
         except TransportUnavailable as exc:
             raise CommandError(f"broker unreachable: {exc}") from exc
-        finally:
-            box.close()
         if wanted:
             raise CommandError(f"not found in the dead-letter queues: {', '.join(sorted(wanted))}")
 
