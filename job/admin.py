@@ -109,11 +109,11 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     def cancel(self, request, queryset) -> None:
         """A pending job is canceled at once; a running one's worker is asked to stop."""
         canceled = asked = 0
-        for job in queryset.only("pk", "tenant_id"):
+        for job_id, tenant_id in queryset.values_list("pk", "tenant_id"):
             try:
-                done = job_cancel(tenant=job.tenant_id, job_id=job.pk, actor=request.user)
+                done = job_cancel(tenant=tenant_id, job_id=job_id, actor=request.user)
             except DomainError as refusal:
-                self.message_user(request, f"Job {job.pk}: {refusal.message}", messages.WARNING)
+                self.message_user(request, f"Job {job_id}: {refusal.message}", messages.WARNING)
                 continue
             if done.status == Job.Status.CANCELED:
                 canceled += 1
