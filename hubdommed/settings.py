@@ -74,7 +74,8 @@ WSGI_APPLICATION = "hubdommed.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # The project's own pages (the API docs' Redoc page without third-party fonts).
+        "DIRS": [BASE_DIR / "hubdommed" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
