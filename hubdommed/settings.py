@@ -323,13 +323,23 @@ METRICS_PORT = env.int("METRICS_PORT", default=0, minimum=0)
 # (empty: none).
 LIVENESS_FILE = env.str("LIVENESS_FILE", default="")
 
+# Only behind a proxy that sets X-Forwarded-Proto itself: otherwise any client could claim
+# that its plain-HTTP request came over HTTPS.
+TRUST_X_FORWARDED_PROTO = env.bool("TRUST_X_FORWARDED_PROTO", default=False)
+if TRUST_X_FORWARDED_PROTO:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 if not DEBUG:
     SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
     CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
-# Only behind a proxy that sets X-Forwarded-Proto itself: otherwise any client could claim
-# that its plain-HTTP request came over HTTPS.
-if env.bool("TRUST_X_FORWARDED_PROTO", default=False):
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Plain HTTP is sent to HTTPS where the API can tell which is which: behind the TLS proxy
+    # TRUST_X_FORWARDED_PROTO names (without it every request would look like plain HTTP).
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=TRUST_X_FORWARDED_PROTO)
+    # Probes inside the network speak plain HTTP to the container.
+    SECURE_REDIRECT_EXEMPT = [r"^health/"]
+    # Browsers keep to HTTPS once they saw it (sent on HTTPS answers only).
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=365 * 24 * 3600, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
 
 # Access tokens are signed with their own key when one is given (rotating it logs everyone out
 # without touching sessions or password resets), else with SECRET_KEY.
