@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-age", type=float, default=None)
     args = parser.parse_args(argv)
     max_age = args.max_age or float(os.environ.get("LIVENESS_MAX_AGE", DEFAULT_MAX_AGE))
-    liveness = args.liveness or (None if args.ready is not None else os.environ.get("LIVENESS_FILE"))
+    liveness = args.liveness or (
+        None if args.ready is not None else os.environ.get("LIVENESS_FILE")
+    )
     if liveness:
         return 0 if alive(liveness, max_age) else 1
     url = args.ready or f"http://127.0.0.1:{os.environ.get('PORT', '8000')}/health/ready"
