@@ -9,6 +9,17 @@ from drf_spectacular.views import (
 from common import health
 from common.api import not_found_view
 
+
+class SwaggerPage(SpectacularSwaggerView):
+    # A page for people: GET only. DRF's OPTIONS answer would go through the HTML renderer,
+    # which has no template for it (a 500); refused, it is a JSON 405 like any other.
+    http_method_names = ["get", "head"]
+
+
+class RedocPage(SpectacularRedocView):
+    http_method_names = ["get", "head"]
+
+
 handler404 = "common.api.not_found_view"
 handler500 = "common.api.server_error_view"
 
@@ -22,10 +33,10 @@ api_v1 = [
 urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SwaggerPage.as_view(url_name="schema"), name="api-docs"),
     path(
         "api/redoc/",
-        SpectacularRedocView.as_view(url_name="schema", template_name="api/redoc.html"),
+        RedocPage.as_view(url_name="schema", template_name="api/redoc.html"),
         name="api-redoc",
     ),
     path("health/live", health.live, name="health-live"),
