@@ -2,6 +2,8 @@
 """A container's health check, for the API and the daemons alike (standard library only).
 
     healthcheck.py --ready [URL]            # the API: /health/ready answers 200
+                                            # (default http://127.0.0.1:$PORT/health/ready;
+                                            # HEALTH_HOST: the Host header, if not the URL's)
     healthcheck.py --liveness FILE --max-age SECONDS
                                             # a daemon: its LIVENESS_FILE was touched lately
 
@@ -24,8 +26,12 @@ DEFAULT_MAX_AGE = 60.0
 
 
 def ready(url: str) -> bool:
-    # Host: the name compose's other services use, always in ALLOWED_HOSTS there.
-    request = urllib.request.Request(url, headers={"Host": os.environ.get("HEALTH_HOST", "api")})
+    if not url.startswith(("http://", "https://")):
+        print(f"not an HTTP URL: {url}", file=sys.stderr)
+        return False
+    # The URL's host must be in ALLOWED_HOSTS; HEALTH_HOST names another one to send.
+    headers = {"Host": os.environ["HEALTH_HOST"]} if os.environ.get("HEALTH_HOST") else {}
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310 (http(s) only)
     try:
         with urllib.request.urlopen(request, timeout=READY_TIMEOUT) as response:  # noqa: S310
             return response.status == 200
