@@ -8,12 +8,15 @@ import json
 import os
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pika
 import pytest
 from django.conf import settings as django_settings
 from django.db import transaction
+from playwright.sync_api import Page, sync_playwright
 
 from broker import get_transport, topology
 from broker.topology import QUEUES
@@ -34,21 +37,22 @@ CHROMIUM = Path("/usr/bin/chromium")
 
 
 @pytest.fixture
-def browser_page(monkeypatch):
+def chromium() -> Path:
     if not CHROMIUM.exists():
         message = f"{CHROMIUM} is missing: apt-get install chromium"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)
-    from playwright.sync_api import sync_playwright
+    return CHROMIUM
 
-    # Playwright's sync API keeps an event loop in this thread, which Django takes for an
-    # async context; the test's own queries are plain synchronous ones all the same.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
+@contextmanager
+def browser_page(chromium: Path) -> Iterator[Page]:
+    """A page of headless Chromium. Playwright's sync API runs an event loop in this
+    thread while open, which Django takes for an async context: no query in the block."""
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
-            executable_path=str(CHROMIUM),
+            executable_path=str(chromium),
             headless=True,
             args=["--no-sandbox", "--disable-dev-shm-usage"],
         )
@@ -131,18 +135,34 @@ def seed_dead_letter() -> tuple[str, str]:
     return run_id, run.queue
 
 
-def test_an_operator_runs_the_hub_from_the_admin(live_server, browser_page, rabbitmq, tmp_path):
-    page = browser_page
+def test_an_operator_runs_the_hub_from_the_admin(live_server, chromium, rabbitmq, tmp_path):
     admin = PlatformAdminFactory(email="ops@example.com")
     failed_job = seed_failed_job()
     run_id, queue = seed_dead_letter()
+    with browser_page(chromium) as page:
+        operate(page, live_server.url, tmp_path, admin.email, failed_job, run_id, queue)
+
+    assert TaskRun.objects.get(run_id=run_id).status == "queued"
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
+        "01-index.png",
+        "02-sector.png",
+        "03-credential.png",
+        "04-failed-job.png",
+        "05-dead-letters.png",
+        "06-sent-back.png",
+    ]
+
+
+def operate(
+    page: Page, url: str, tmp_path: Path, email: str, failed_job: int, run_id: str, queue: str
+) -> None:
 
     def shot(name: str) -> None:
         page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
 
     # Log in as a platform admin.
-    page.goto(f"{live_server.url}/admin/")
-    page.fill("#id_username", admin.email)
+    page.goto(f"{url}/admin/")
+    page.fill("#id_username", email)
     page.fill("#id_password", DEFAULT_PASSWORD)
     page.click("input[type=submit]")
     page.wait_for_selector("#site-name")
@@ -151,7 +171,7 @@ def test_an_operator_runs_the_hub_from_the_admin(live_server, browser_page, rabb
     shot("01-index")
 
     # A sector.
-    page.goto(f"{live_server.url}/admin/sector/sector/add/")
+    page.goto(f"{url}/admin/sector/sector/add/")
     page.fill("#id_name", "Logistics")
     page.fill("#id_description", "Routes and warehouses")
     assert page.input_value("#id_slug") == "logistics"  # filled in by the admin's script
@@ -160,7 +180,7 @@ def test_an_operator_runs_the_hub_from_the_admin(live_server, browser_page, rabb
     shot("02-sector")
 
     # An automation with its worker; the credential is shown once.
-    page.goto(f"{live_server.url}/admin/automation/automation/add/")
+    page.goto(f"{url}/admin/automation/automation/add/")
     assert page.input_value("#id_params_schema") == ""
     page.fill("#id_name", "Route planner")
     page.select_option("#id_sector", label="Logistics")
@@ -177,13 +197,13 @@ def test_an_operator_runs_the_hub_from_the_admin(live_server, browser_page, rabb
     assert credential.group(0) not in page.content()
 
     # The failed job.
-    page.goto(f"{live_server.url}/admin/job/job/?status__exact=failed")
+    page.goto(f"{url}/admin/job/job/?status__exact=failed")
     page.click(f"#result_list a[href*='/job/job/{failed_job}/change/']")
     page.wait_for_selector("text=the export ran out of disk")
     shot("04-failed-job")
 
     # The dead letter, found from the index, and sent back.
-    page.goto(f"{live_server.url}/admin/")
+    page.goto(f"{url}/admin/")
     page.click("text=Dead letters")
     row = page.wait_for_selector(f"tr.dead-letter[data-run-id='{run_id}']")
     assert "disk quota exceeded" in row.inner_text()
@@ -193,12 +213,3 @@ def test_an_operator_runs_the_hub_from_the_admin(live_server, browser_page, rabb
     assert f"1 message(s) of {queue} sent back" in page.inner_text(".messagelist")
     assert page.query_selector(f"tr.dead-letter[data-run-id='{run_id}']") is None
     shot("06-sent-back")
-    assert TaskRun.objects.get(run_id=run_id).status == "queued"
-    assert sorted(p.name for p in tmp_path.glob("*.png")) == [
-        "01-index.png",
-        "02-sector.png",
-        "03-credential.png",
-        "04-failed-job.png",
-        "05-dead-letters.png",
-        "06-sent-back.png",
-    ]
