@@ -7,6 +7,9 @@ read-only and the one change offered, cancelling, is an action that calls ``job_
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.http import urlencode
 
 from common.admin import ReadOnlyAdmin, age, age_filter, pretty_json
 from common.errors import DomainError
@@ -34,7 +37,20 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     show_full_result_count = False
     actions = ("cancel",)
     fieldsets = (
-        (None, {"fields": ("id", "tenant", "automation", "requested_by", "status", "attempt")}),
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "tenant",
+                    "automation",
+                    "requested_by",
+                    "status",
+                    "attempt",
+                    "events",
+                )
+            },
+        ),
         ("Request", {"fields": ("params_json", "idempotency_key")}),
         (
             "Execution",
@@ -64,6 +80,7 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         ),
     )
     readonly_fields = (
+        "events",
         "id",
         "tenant",
         "automation",
@@ -89,6 +106,13 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     @admin.display(description="age")
     def waited(self, job: Job) -> str:
         return age(job.created_at)
+
+    @admin.display(description="events")
+    def events(self, job: Job) -> str:
+        """The job's trail, in the events' list."""
+        url = reverse("admin:outbox_event_changelist")
+        query = urlencode({"aggregate_type": "Job", "q": str(job.pk)})
+        return format_html('<a href="{}?{}">its events</a>', url, query)
 
     @admin.display(description="params")
     def params_json(self, job: Job) -> str:

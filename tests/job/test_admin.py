@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -82,6 +83,14 @@ def test_a_job_page_is_read_only_and_shows_its_outcome(admin_site, tenant):
     assert response.status_code == 200
     page = response.content.decode()
     assert "exit 3" in page
+    # Its trail is a click away.
+    events = re.search(r'href="(/admin/outbox/event/\?[^"]+)">its events', page).group(1)
+    trail = admin_site.get(events.replace("&amp;", "&"))
+    assert {e.type for e in trail.context["cl"].result_list} == {
+        "JobCreated",
+        "JobStarted",
+        "JobFailed",
+    }
     assert 'name="_save"' not in page
     # Nothing is written by a post to the page either.
     assert admin_site.post(f"{CHANGELIST}{job.pk}/change/", {"status": "pending"}).status_code in (
