@@ -1,14 +1,16 @@
 """The admin's dead-letter page, on both brokers: list with the failure context, send one
-or all back (their runs queued afresh), purge one or all."""
+or all back (their runs queued afresh), purge one or all; and the command's purge."""
 
 from __future__ import annotations
 
 import json
 import uuid
+from io import StringIO
 
 import pika
 import pytest
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.db import transaction
 
 from broker import get_transport, topology
@@ -151,3 +153,19 @@ def test_only_platform_admins_see_the_page(client, topology_ready):
     client.force_login(UserFactory(tenant=None, is_staff=True))
     assert client.get(PAGE).status_code == 403
     assert client.post(PAGE, {"action": "purge_all", "destination": "default"}).status_code == 403
+
+
+def test_the_command_purges_too(topology_ready):
+    first, second = park(topology_ready), park(topology_ready)
+    out = StringIO()
+
+    call_command("dead_letters", "--queue", "default", "--purge", first, stdout=out)
+
+    assert f"purged {first} test.work from default" in out.getvalue()
+    assert [letter.run_id for letter in dead_letters("default")] == [second]
+    with pytest.raises(CommandError, match="give one of"):
+        call_command("dead_letters", "--purge-all", "--requeue-all")
+
+    call_command("dead_letters", "--queue", "default", "--purge-all", stdout=out)
+    assert dead_letters("default") == []
+    assert TaskRun.objects.get(run_id=second).status == "failed"

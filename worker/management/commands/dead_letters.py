@@ -4,9 +4,12 @@
     manage.py dead_letters --queue default          # list one
     manage.py dead_letters --queue default --requeue RUN_ID [RUN_ID ...]
     manage.py dead_letters --queue default --requeue-all
+    manage.py dead_letters --queue default --purge RUN_ID [RUN_ID ...]
+    manage.py dead_letters --queue default --purge-all
 
 A message sent back goes to its queue without its error context, and its run starts
-afresh: ``queued``, with its receive count back to 0.
+afresh: ``queued``, with its receive count back to 0. A purged message is deleted for
+good; its run stays ``failed``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 from broker import TransportUnavailable, topology
 from broker.consume import DeadLetter
 from broker.topology import QUEUES
-from worker.dead_letters import dead_letters_list, dead_letters_redrive
+from worker.dead_letters import dead_letters_list, dead_letters_purge, dead_letters_redrive
 
 
 class Command(BaseCommand):
@@ -31,22 +34,42 @@ class Command(BaseCommand):
         )
         parser.add_argument("--requeue", nargs="+", default=[], metavar="RUN_ID")
         parser.add_argument("--requeue-all", action="store_true")
+        parser.add_argument("--purge", nargs="+", default=[], metavar="RUN_ID")
+        parser.add_argument("--purge-all", action="store_true")
         parser.add_argument("--limit", type=int, default=1000, help="messages looked at per queue")
 
-    def handle(self, *args, queue, requeue, requeue_all, limit, **options) -> None:
+    def handle(
+        self, *args, queue, requeue, requeue_all, purge, purge_all, limit, **options
+    ) -> None:
         destinations = queue or list(QUEUES)
         for destination in destinations:
             try:
                 topology.check_destination(destination)
             except topology.UnknownDestination as exc:
                 raise CommandError(str(exc)) from None
-        if requeue and requeue_all:
-            raise CommandError("give either --requeue RUN_ID... or --requeue-all, not both")
+        chosen = [bool(requeue), requeue_all, bool(purge), purge_all]
+        if sum(chosen) > 1:
+            raise CommandError(
+                "give one of --requeue RUN_ID..., --requeue-all, --purge RUN_ID..., --purge-all"
+            )
         if limit < 1:
             raise CommandError("--limit must be at least 1")
-        wanted = set(requeue)
+        wanted = set(requeue) | set(purge)
         try:
-            if requeue or requeue_all:
+            if purge or purge_all:
+                for destination in destinations:
+                    purged = dead_letters_purge(
+                        destination,
+                        run_ids=None if purge_all else set(wanted),
+                        limit=limit,
+                        actor="command:dead_letters",
+                    )
+                    for letter in purged:
+                        wanted.discard(letter.run_id)
+                        self.stdout.write(
+                            f"purged {letter.run_id} {letter.task} from {destination}"
+                        )
+            elif requeue or requeue_all:
                 for destination in destinations:
                     sent = dead_letters_redrive(
                         destination,
