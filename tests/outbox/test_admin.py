@@ -121,6 +121,17 @@ def test_send_again_makes_rows_of_either_table_due_now(admin_site, tenant, tenan
     assert admin_site.get(url, {"pending": "yes"}).context["cl"].result_list.count() == 1
 
 
+def test_send_again_leaves_a_run_that_succeeded_as_it_is(db):
+    """The copy is sent, and the worker recognizes it as a duplicate: nothing runs twice."""
+    run_id, row = sent_run(status=TaskRun.Status.SUCCEEDED)
+
+    assert outbox_send_again(model=PlatformOutboxMessage, ids=[row.pk]) == 1
+
+    row.refresh_from_db()
+    assert row.sent_at is None
+    assert TaskRun.objects.get(run_id=run_id).status == "succeeded"
+
+
 def test_send_again_refuses_a_table_that_is_not_an_outbox(db):
     with pytest.raises(TypeError):
         outbox_send_again(model=TaskRun, ids=[1])
