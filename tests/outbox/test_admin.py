@@ -3,10 +3,11 @@ one), the events trail (read-only). Changes go through ``outbox.operations``."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from common.errors import Conflict
@@ -159,3 +160,29 @@ def test_the_events_trail_is_read_only(admin_site, tenant):
     admin_site.post(f"{EVENTS}{event.pk}/change/", {"type": "Forged"})
     event.refresh_from_db()
     assert event.type == "JobCreated"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_operators_requeueing_one_run_at_once_requeue_it_once():
+    failed, _ = sent_run(status=TaskRun.Status.FAILED)
+    barrier = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def requeue() -> None:
+        try:
+            barrier.wait(timeout=10)
+            task_run_requeue(run_id=failed)
+            outcomes.append("requeued")
+        except Conflict as refusal:
+            outcomes.append(refusal.code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=requeue) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert sorted(outcomes) == ["requeued", "task_run_not_failed"]
+    assert TaskRun.objects.get(run_id=failed).status == "queued"
