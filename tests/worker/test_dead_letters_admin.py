@@ -4,6 +4,7 @@ or all back (their runs queued afresh), purge one or all; and the command's purg
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 from io import StringIO
 
@@ -169,3 +170,21 @@ def test_the_command_purges_too(topology_ready):
     call_command("dead_letters", "--queue", "default", "--purge-all", stdout=out)
     assert dead_letters("default") == []
     assert TaskRun.objects.get(run_id=second).status == "failed"
+
+
+def test_a_broker_that_cannot_be_reached_is_said_on_the_page(admin_site, settings):
+    settings.BROKER = "rabbitmq"
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings.RABBITMQ_URL = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
+
+    page = admin_site.get(PAGE)
+    assert page.status_code == 200
+    assert "The broker cannot be reached" in page.content.decode()
+
+    response = admin_site.post(
+        PAGE, {"action": "redrive_all", "destination": "default"}, follow=True
+    )
+    assert response.status_code == 200
+    assert any("The broker cannot be reached" in str(m) for m in response.context["messages"])
