@@ -216,17 +216,22 @@ class ScheduleDetailApi(ReadForMembersWriteForManagers, NeverDeleted, APIView):
         self.refuse_delete(schedule_id=schedule_id)
 
 
-class _ScheduleActionApi(APIView):
+class _ScheduleMoveApi(APIView):
+    """A POST that moves one schedule through ``service`` (pause, resume, deactivate)."""
+
     permission_classes = [IsTenantManager]
-    action = None
+
+    @staticmethod
+    def service(*, tenant: int, schedule_id: int) -> Schedule:
+        raise NotImplementedError
 
     def post(self, request, schedule_id: int):
-        schedule = type(self).action(tenant=request.user.tenant_id, schedule_id=schedule_id)
+        schedule = self.service(tenant=request.user.tenant_id, schedule_id=schedule_id)
         return Response(ScheduleSerializer(schedule).data)
 
 
-class SchedulePauseApi(_ScheduleActionApi):
-    action = schedule_pause
+class SchedulePauseApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_pause)
 
     @extend_schema(
         operation_id="schedules_pause",
@@ -243,8 +248,8 @@ class SchedulePauseApi(_ScheduleActionApi):
         return super().post(request, schedule_id)
 
 
-class ScheduleResumeApi(_ScheduleActionApi):
-    action = schedule_resume
+class ScheduleResumeApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_resume)
 
     @extend_schema(
         operation_id="schedules_resume",
@@ -268,8 +273,8 @@ class ScheduleResumeApi(_ScheduleActionApi):
         return super().post(request, schedule_id)
 
 
-class ScheduleDeactivateApi(_ScheduleActionApi):
-    action = schedule_deactivate
+class ScheduleDeactivateApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_deactivate)
 
     @extend_schema(
         operation_id="schedules_deactivate",

@@ -20,9 +20,7 @@ from tests.schedule.support import due_times_of, jobs_of, new_schedule, utc
 pytestmark = pytest.mark.django_db
 
 
-def test_a_due_schedule_starts_one_job_that_names_the_schedule_and_the_due_time(
-    tenant, automation
-):
+def test_a_due_schedule_starts_one_job_that_names_the_schedule_and_the_due_time(tenant, automation):
     with time_machine.travel(utc(2026, 6, 1, 5, 30), tick=False):
         schedule = new_schedule(tenant=tenant, automation=automation, cron="0 6 * * *")
     assert schedule.next_run_at == utc(2026, 6, 1, 6, 0)
@@ -146,9 +144,7 @@ def test_a_clock_that_went_back_does_not_start_a_due_time_twice(tenant, automati
     assert schedule.next_run_at == utc(2026, 6, 2, 6, 0)
 
 
-def test_a_clock_that_jumped_ahead_starts_one_run_not_one_per_skipped_due_time(
-    tenant, automation
-):
+def test_a_clock_that_jumped_ahead_starts_one_run_not_one_per_skipped_due_time(tenant, automation):
     with time_machine.travel(utc(2026, 6, 1, 5, 59), tick=False):
         schedule = new_schedule(tenant=tenant, automation=automation, cron="*/5 * * * *")
 
@@ -242,9 +238,7 @@ def test_a_schedule_of_a_deactivated_tenant_stops_without_a_job(automation):
     assert jobs_of(schedule) == []
 
 
-def test_params_the_changed_schema_refuses_pause_the_schedule_with_the_reason(
-    tenant, automation
-):
+def test_params_the_changed_schema_refuses_pause_the_schedule_with_the_reason(tenant, automation):
     schedule = _hourly(tenant, automation)
     automation.params_schema = {
         "type": "object",
