@@ -44,3 +44,10 @@ def manager_api(manager):
 @pytest.fixture
 def member_api(member):
     return client_of(member)
+
+
+@pytest.fixture
+def admin_site(client, platform_admin):
+    """Django's test client, logged in to the admin as a superuser."""
+    client.force_login(platform_admin)
+    return client
