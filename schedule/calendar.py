@@ -55,7 +55,7 @@ def cron_problem(expression: object) -> str | None:
     try:
         # The first due time: also refuses an expression that never matches ("0 0 30 2 *").
         next(CronSim(expression, datetime.now(UTC)))
-    except CronSimError as exc:
+    except (CronSimError, ValueError) as exc:
         return f"Not a valid cron expression: {exc}."
     except StopIteration:
         return "The expression never matches a date."
