@@ -252,3 +252,25 @@ def test_a_member_of_an_inactive_tenant_is_refused(tenant, automation):
     tenant.save(update_fields=["is_active"])
 
     assert client_of(person).get(URL).status_code in (401, 403)
+
+
+def test_a_scheduled_job_reads_as_triggered_by_its_schedule_and_due_time(
+    member_api, member, tenant, automation
+):
+    from schedule.services import schedules_fire_due
+    from tests.factories import JobFactory
+
+    with time_machine.travel(utc(2026, 6, 1, 5), tick=False):
+        schedule = new_schedule(tenant=tenant, automation=automation)
+    (job_id,) = schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 5)).started
+    asked = JobFactory(tenant=tenant, automation=automation, requested_by=member)
+
+    scheduled = member_api.get(f"/api/v1/jobs/{job_id}").json()
+    by_a_person = member_api.get(f"/api/v1/jobs/{asked.pk}").json()
+
+    assert scheduled["triggered_by"] == {
+        "schedule": schedule.pk,
+        "due_at": "2026-06-01T06:00:00+00:00",
+    }
+    assert scheduled["requested_by"] is None
+    assert by_a_person["triggered_by"] is None
