@@ -23,6 +23,8 @@ ZONE_MAX_LENGTH = 64
 # every minute finds it within this window after a short walk; a sparser one that has no due
 # time in it is walked from where it was, which takes few steps for it.
 _RECENT = timedelta(days=2)
+# What reading a stored expression or zone the checks below would refuse raises.
+UNREADABLE = (CronSimError, ValueError, zoneinfo.ZoneInfoNotFoundError)
 
 
 @functools.cache

@@ -266,20 +266,38 @@ def _fire(schedule: Schedule, *, now: datetime, firing: Firing) -> None:
     elif not schedule.automation.is_active:
         schedule.end(now=now, reason="Its automation was deactivated.")
     else:
+        _run_latest_due(schedule, now=now, firing=firing)
+    try:
+        schedule.reschedule(now=now)
+    except calendar.UNREADABLE as exc:
+        _pause_unreadable(schedule, now=now, exc=exc)
+    if not schedule.is_active or schedule.is_paused:
+        firing.stopped.append(schedule.pk)
+    schedule.updated_at = now
+    schedule.save()
+
+
+def _run_latest_due(schedule: Schedule, *, now: datetime, firing: Firing) -> None:
+    try:
         due_at = calendar.latest_due_between(
             schedule.cron, schedule.timezone, since=schedule.next_run_at, until=now
         )
-        if due_at is None:
-            pass  # moved to a calendar whose due time has not come (an edit in the admin)
-        elif schedule.misfire == Misfire.SKIP and now - due_at > misfire_grace():
-            logger.info("schedule %s: the run due %s was missed; skipped", schedule.pk, due_at)
-        else:
-            _start(schedule, due_at=due_at, now=now, firing=firing)
-    if not schedule.is_active or schedule.is_paused:
-        firing.stopped.append(schedule.pk)
-    schedule.reschedule(now=now)
-    schedule.updated_at = now
-    schedule.save()
+    except calendar.UNREADABLE as exc:
+        _pause_unreadable(schedule, now=now, exc=exc)
+        return
+    if due_at is None:
+        return  # moved to a calendar whose due time has not come (an edit in the admin)
+    if schedule.misfire == Misfire.SKIP and now - due_at > misfire_grace():
+        logger.info("schedule %s: the run due %s was missed; skipped", schedule.pk, due_at)
+        return
+    _start(schedule, due_at=due_at, now=now, firing=firing)
+
+
+def _pause_unreadable(schedule: Schedule, *, now: datetime, exc: Exception) -> None:
+    # A row the API would have refused (changed in the database, or a zone the time zone
+    # database dropped): paused with the reason, so that it does not fail every cycle.
+    logger.error("schedule %s paused: its calendar cannot be read: %s", schedule.pk, exc)
+    schedule.pause(now=now, reason=f"Its calendar cannot be read: {exc}")
 
 
 def _start(schedule: Schedule, *, due_at: datetime, now: datetime, firing: Firing) -> None:

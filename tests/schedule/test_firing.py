@@ -271,3 +271,23 @@ def test_one_refused_schedule_does_not_keep_the_others_of_its_batch_from_running
     schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 5) + timedelta(days=1))
 
     assert len(jobs_of(runs)) == 1 and jobs_of(refused) == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("cron", "61 * * * *"), ("timezone", "Nowhere/Atlantis")]
+)
+def test_a_calendar_that_cannot_be_read_pauses_its_schedule_and_the_others_still_run(
+    tenant, automation, field, value
+):
+    # Changed in the database behind the API's back (or a zone the tz database dropped).
+    broken = _hourly(tenant, automation, name="broken")
+    healthy = _hourly(tenant, automation, name="healthy")
+    Schedule.objects.filter(pk=broken.pk).update(**{field: value})
+
+    for minute in (0, 1):
+        schedules_fire_due(now=utc(2026, 6, 1, 10, minute, 5))
+
+    assert len(jobs_of(healthy)) == 1 and jobs_of(broken) == []
+    broken.refresh_from_db()
+    assert broken.status == "paused" and broken.next_run_at is None
+    assert broken.paused_reason.startswith("Its calendar cannot be read")
