@@ -89,7 +89,13 @@ class ScheduleSerializer(serializers.ModelSerializer):
 
 
 class ScheduleCreateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200)
+    name = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Defaults to the cron expression.",
+    )
     automation = serializers.IntegerField(min_value=1, help_text="An active automation's id.")
     cron = serializers.CharField(max_length=200, help_text=CRON_HELP)
     timezone = serializers.CharField(max_length=64, default="UTC", help_text=TIMEZONE_HELP)
@@ -100,7 +106,7 @@ class ScheduleCreateSerializer(serializers.Serializer):
 
 
 class ScheduleUpdateSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=200, required=False)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     cron = serializers.CharField(max_length=200, required=False, help_text=CRON_HELP)
     timezone = serializers.CharField(max_length=64, required=False, help_text=TIMEZONE_HELP)
     params = ParamsField(required=False)

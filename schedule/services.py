@@ -43,8 +43,8 @@ def schedule_create(
     tenant: Any,
     actor: Any,
     automation_id: int,
-    name: str,
     cron: str,
+    name: str = "",
     timezone_name: str = "UTC",
     params: dict[str, Any] | None = None,
     misfire: str = Misfire.RUN_ONCE,
@@ -69,7 +69,8 @@ def schedule_create(
         tenant=tenant,
         automation_id=automation.id,
         created_by=actor,
-        name=name.strip(),
+        # Unnamed, it is known by its expression.
+        name=name.strip() or calendar.normalized(cron),
         cron=calendar.normalized(cron),
         timezone=timezone_name,
         params=params,
@@ -95,10 +96,10 @@ def schedule_update(*, tenant: Any, schedule_id: int, data: Mapping[str, Any]) -
         check_params(
             changes["params"], schema=automation.params_schema, automation_id=automation.id
         )
-    if "name" in changes:
-        changes["name"] = changes["name"].strip()
     if "cron" in changes:
         changes["cron"] = calendar.normalized(changes["cron"])
+    if "name" in changes:
+        changes["name"] = changes["name"].strip() or changes.get("cron", schedule.cron)
     now = timezone.now()
     calendar_changed = any(
         getattr(schedule, key) != changes[key] for key in ("cron", "timezone") if key in changes
@@ -164,8 +165,8 @@ def check_fields(fields: Mapping[str, Any]) -> None:
     errors: dict[str, list[str]] = {}
     if "name" in fields:
         name = fields["name"]
-        if not isinstance(name, str) or not name.strip():
-            errors["name"] = ["A name is required."]
+        if not isinstance(name, str):
+            errors["name"] = ["Must be text."]
         elif len(name.strip()) > NAME_MAX_LENGTH:
             errors["name"] = [f"At most {NAME_MAX_LENGTH} characters."]
     if "cron" in fields and (problem := calendar.cron_problem(fields["cron"])):

@@ -114,7 +114,7 @@ def test_people_without_a_tenant_and_strangers_are_refused(client, platform_admi
         ({"params": [1]}, "invalid_params", "params"),
         ({"misfire": "burst"}, "invalid", "misfire"),
         ({"automation": 999_999}, "unknown_automation", "automation"),
-        ({"name": "   "}, "invalid", "name"),
+        ({"name": "x" * 201}, "invalid", "name"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(manager_api, automation, fields, code, field):
@@ -274,3 +274,13 @@ def test_a_scheduled_job_reads_as_triggered_by_its_schedule_and_due_time(
     }
     assert scheduled["requested_by"] is None
     assert by_a_person["triggered_by"] is None
+
+
+def test_an_unnamed_schedule_is_known_by_its_expression(manager_api, automation):
+    payload = body(automation, cron="15 4 * * *")
+    del payload["name"]
+
+    response = manager_api.post(URL, payload, format="json")
+
+    assert response.status_code == 201, response.json()
+    assert response.json()["name"] == "15 4 * * *"
