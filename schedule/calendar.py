@@ -90,13 +90,18 @@ def latest_due_between(
     expression: str, zone: str, *, since: datetime, until: datetime
 ) -> datetime | None:
     """The latest due time in ``[since, until]``: the one a late schedule runs."""
+    recent = max(since, until - _RECENT)
+    latest = _last_due(expression, zone, start=recent, until=until)
+    if latest is None and recent > since:
+        # Nothing due lately: a sparse expression, walked from where it was (few steps).
+        latest = _last_due(expression, zone, start=since, until=until)
+    return latest
+
+
+def _last_due(expression: str, zone: str, *, start: datetime, until: datetime) -> datetime | None:
     latest = None
-    start = max(since - timedelta(microseconds=1), until - _RECENT)
-    for attempt_from in (start, since - timedelta(microseconds=1)):
-        for due in due_times_after(expression, zone, attempt_from):
-            if due > until:
-                break
-            latest = due
-        if latest is not None or attempt_from <= since - timedelta(microseconds=1):
-            return latest
+    for due in due_times_after(expression, zone, start - timedelta(microseconds=1)):
+        if due > until:
+            break
+        latest = due
     return latest
