@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.utils.html import format_html_join
+from django.utils.safestring import mark_safe
 
 from common.admin import DeactivatableAdmin, StorableJSONField, adopt
 from common.errors import DomainError
-from schedule.models import Schedule, ScheduleRun
+from schedule.models import Schedule
+from schedule.selectors import schedule_runs
 from schedule.services import (
     check_fields,
     check_params,
@@ -19,6 +22,7 @@ from schedule.services import (
 )
 
 EDITABLE = ("name", "cron", "timezone", "params", "misfire")
+RECENT_RUNS = 20
 
 
 class ScheduleAdminForm(forms.ModelForm):
@@ -48,17 +52,6 @@ class ScheduleAdminForm(forms.ModelForm):
         return cleaned
 
 
-class ScheduleRunInline(admin.TabularInline):
-    model = ScheduleRun
-    fields = ("due_at", "job", "created_at")
-    readonly_fields = fields
-    ordering = ("-due_at",)
-    extra = 0
-    max_num = 0
-    can_delete = False
-    show_change_link = False
-
-
 @admin.register(Schedule)
 class ScheduleAdmin(DeactivatableAdmin, admin.ModelAdmin):
     form = ScheduleAdminForm
@@ -86,9 +79,22 @@ class ScheduleAdmin(DeactivatableAdmin, admin.ModelAdmin):
         "created_by",
         "created_at",
         "updated_at",
+        "recent_runs",
     )
-    inlines = (ScheduleRunInline,)
     actions = ("pause_selected", "resume_selected", "deactivate_selected")
+
+    @admin.display(description="Recent runs (due time: job)")
+    def recent_runs(self, schedule: Schedule) -> str:
+        # The latest few only: an every-minute schedule has hundreds of thousands a year.
+        runs = schedule_runs(schedule=schedule, limit=RECENT_RUNS) if schedule.pk else []
+        return (
+            format_html_join(
+                mark_safe("<br>"),
+                "{}: job {}",
+                ((run.due_at.isoformat(), run.job_id) for run in runs),
+            )
+            or "-"
+        )
 
     def get_readonly_fields(self, request, obj=None):
         fixed = ("tenant", "automation") if obj is not None else ()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import time_machine
 
 from schedule.models import Schedule
-from tests.schedule.support import new_schedule
+from schedule.services import schedules_fire_due
+from tests.schedule.support import new_schedule, utc
 
 pytestmark = pytest.mark.django_db
 
@@ -21,8 +23,6 @@ def form_data(tenant, automation, **fields):
         "timezone": "Europe/Lisbon",
         "params": '{"name": "Ada"}',
         "misfire": "run_once",
-        "runs-TOTAL_FORMS": "0",
-        "runs-INITIAL_FORMS": "0",
         **fields,
     }
 
@@ -76,3 +76,14 @@ def test_the_pause_action_pauses_through_the_service(admin_site, tenant, automat
     schedule.refresh_from_db()
     assert schedule.status == "paused" and schedule.next_run_at is None
     assert admin_site.get(f"{CHANGELIST}{schedule.pk}/change/").status_code == 200
+
+
+def test_the_change_page_shows_the_recent_runs(admin_site, tenant, automation):
+    with time_machine.travel(utc(2026, 6, 1, 5), tick=False):
+        schedule = new_schedule(tenant=tenant, automation=automation)
+    (job_id,) = schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 5)).started
+
+    response = admin_site.get(f"{CHANGELIST}{schedule.pk}/change/")
+
+    assert response.status_code == 200
+    assert f"2026-06-01T06:00:00+00:00: job {job_id}" in response.content.decode()
