@@ -11,9 +11,11 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ('automation', '0002_worker_provider_and_status_checks'),
-        ('identity', '0004_email_normal_form'),
-        ('job', '0003_job_triggered_by'),
+        # The earliest migrations that have the models pointed at: a test that moves an app
+        # back to an older migration then leaves these tables alone.
+        ('automation', '0001_initial'),
+        ('identity', '0001_initial'),
+        ('job', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
