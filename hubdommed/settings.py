@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "sector",
     "automation",
     "job",
+    "schedule",
     "outbox",
     "relay",
     "worker",
@@ -221,6 +222,15 @@ JOB_PARAMS_VALIDATION_SECONDS = env.float(
 )
 JOB_RESULT_MAX_BYTES = env.int("JOB_RESULT_MAX_BYTES", default=256 * 1024, minimum=2)
 JOB_OUTPUT_TAIL_MAX_CHARS = env.int("JOB_OUTPUT_TAIL_MAX_CHARS", default=16 * 1024, minimum=1)
+
+# --- Schedules (manage.py run_scheduler) ---------------------------------------------------
+# Seconds between the scheduler's cycles: how late a due run may start at most.
+SCHEDULER_INTERVAL_SECONDS = env.float("SCHEDULER_INTERVAL_SECONDS", default=5.0, minimum=0.1)
+# A due time started later than this many seconds (the hub was down) is a missed run: a
+# schedule with misfire "skip" drops it; "run_once" starts the latest missed run only.
+SCHEDULE_MISFIRE_GRACE_SECONDS = env.int(
+    "SCHEDULE_MISFIRE_GRACE_SECONDS", default=5 * 60, minimum=1
+)
 
 # --- Stuck-job monitor (manage.py watch_stuck_jobs) ---------------------------------------
 # Seconds between cycles (--interval overrides it).

@@ -28,6 +28,7 @@ api_v1 = [
     path("", include("sector.urls")),
     path("", include("automation.urls")),
     path("", include("job.urls")),
+    path("", include("schedule.urls")),
 ]
 
 urlpatterns = [
