@@ -58,7 +58,7 @@ CLAIM = """
      LIMIT %s
        FOR UPDATE SKIP LOCKED
 """
-_TENANT = {
+TENANT_COLUMN = {
     OutboxMessage._meta.db_table: "tenant_id::text",
     PlatformOutboxMessage._meta.db_table: "NULL",
 }
@@ -165,7 +165,7 @@ def _claim(cursor, table: str, limit: int) -> list[OutgoingMessage]:
     if table not in TABLES:
         raise ValueError(f"not an outbox table: {table!r}")
     cursor.execute(CLAIM_PLANNER)
-    cursor.execute(CLAIM.format(table=table, tenant=_TENANT[table]), [limit])
+    cursor.execute(CLAIM.format(table=table, tenant=TENANT_COLUMN[table]), [limit])
     return _messages(cursor.fetchall())
 
 
