@@ -14,11 +14,12 @@ transaction records the answer:
 
 ``relay_one_batch`` runs one batch per table and waits for each. ``drain`` (the daemon's)
 keeps up to ``transport.max_in_flight`` batches in flight: while the broker confirms one,
-the next is claimed (``SKIP LOCKED`` passes over the rows of the first, still locked by
-its open transaction) and published on a channel of its own. Each batch keeps its own
-transaction on its own database connection, so every guarantee above holds per batch: a
-crash or a lost connection with two batches in flight leaves the rows of both due (sent
-again later: duplicates, never losses), and nothing is marked sent without its confirm.
+the next is published on a channel of its own, and the one after it is claimed already
+(``SKIP LOCKED`` passes over the rows of the others, still locked by their open
+transactions). Each batch keeps its own transaction on its own database connection, so
+every guarantee above holds per batch: a crash or a lost connection with batches in flight
+leaves the rows of all of them due (sent again later: duplicates, never losses), and
+nothing is marked sent without its confirm.
 
 Delivery is at least once: a crash between the broker's confirm and the commit sends
 those rows again, and consumers dedupe by ``run_id``.
@@ -30,6 +31,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -94,6 +96,8 @@ class OutboxRelay:
         self._outage = Backoff(OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX)
         # ``drain``'s database connections, one per batch in flight (opened when needed).
         self._claimers: list[ClaimConnection] = []
+        # The thread those connections live on (Django's connections belong to a thread).
+        self._db_thread: ThreadPoolExecutor | None = None
         self.heartbeat = Heartbeat("relay", settings.LIVENESS_FILE)
 
     @property
@@ -113,8 +117,12 @@ class OutboxRelay:
         return self._outage.pause
 
     def close(self) -> None:
-        for claimer in self._claimers:
-            claimer.close()
+        if self._db_thread is not None:
+            for claimer in self._claimers:
+                self._db_thread.submit(claimer.close).result()
+            self._db_thread.shutdown()
+            self._db_thread = None
+        self._claimers = []
         if self._transport is not None:
             self._transport.close()
 
@@ -148,62 +156,89 @@ class OutboxRelay:
 
     def drain(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Batches until nothing is due, the broker is unreachable, or ``stop()`` says so,
-        with up to ``transport.max_in_flight`` of them in flight; the tables take turns."""
+        with up to ``transport.max_in_flight`` of them in flight; the tables take turns.
+
+        The database work runs on a thread of its own (``_database``), one statement after
+        the other in the order given: the next batch is claimed, and the last one's answer
+        committed, while this thread writes to the broker and waits for its confirms.
+        """
         window = self.transport.max_in_flight
         if window < 2:
             while not stop() and self.relay_one_batch():
                 pass
             return
-        while len(self._claimers) < window:
-            self._claimers.append(ClaimConnection())
+        db = self._database()
+        # One connection per batch in flight, and one for the batch claimed ahead.
+        while len(self._claimers) < window + 1:
+            self._claimers.append(db.submit(ClaimConnection).result())
         for claimer in self._claimers:
-            claimer.check()
+            db.submit(claimer.check).result()
         free = list(self._claimers)
         in_flight: deque[_Flight] = deque()
+        committing: deque[tuple[Future, _Flight, SendResult]] = deque()
+        ahead: tuple[Future, ClaimConnection, float] | None = None
         active = list(TABLES)  # the tables that may have more due
         turn = 0
         outage: str | None = None
         try:
             while True:
-                while active and free and outage is None and not stop():
+                claiming = outage is None and not stop()
+                if ahead is None and claiming and active and free:
                     table = active[turn % len(active)]
                     turn += 1
                     claimer = free.pop()
-                    started = time.perf_counter()
-                    batch = open_batch(claimer, table, self.batch_size)
-                    if len(batch.messages) < self.batch_size:
-                        active.remove(table)
-                    if not batch.messages:
-                        batch.rollback()
+                    future = db.submit(open_batch, claimer, table, self.batch_size)
+                    ahead = (future, claimer, time.perf_counter())
+                if ahead is not None and len(in_flight) < window:
+                    future, claimer, started = ahead
+                    ahead = None
+                    batch = future.result()
+                    if len(batch.messages) < self.batch_size and batch.table in active:
+                        active.remove(batch.table)
+                    if not batch.messages or not claiming:
+                        db.submit(batch.rollback)
                         free.append(claimer)
                         continue
                     pending = self.transport.begin(batch.messages)
                     in_flight.append(_Flight(batch, pending, claimer, started))
+                    continue
                 if not in_flight:
                     break
-                flight = in_flight[0]
+                flight = in_flight.popleft()
                 result = flight.pending.result()
-                flight.batch.commit(result)
-                in_flight.popleft()
+                committing.append((db.submit(flight.batch.commit, result), flight, result))
+                # Its next claim runs after this commit (one statement after the other).
                 free.append(flight.claimer)
-                report = self._account(
-                    flight.batch.table, flight.batch.messages, result, flight.started
-                )
-                if report.error and outage is None:
-                    outage = report.error
+                if result.error and outage is None:
+                    outage = result.error
+                self._settle(committing, wait=False)
+            self._settle(committing, wait=True)
         except BaseException:
             # A database error (or a bug): the open transactions roll back with their
             # connections, so their rows stay due; the confirms still on their way are
             # dropped with the broker connection (those rows are sent again later).
-            for flight in in_flight:
-                flight.claimer.close()
-            if in_flight:
+            for claimer in self._claimers:
+                db.submit(claimer.close).result()
+            if in_flight or ahead is not None:
                 self.transport.close()
             raise
         if outage is not None:
             self._note_outage(outage)
         else:
             self._broker_answered()
+
+    def _settle(self, committing: deque, *, wait: bool) -> None:
+        """Account the batches whose commit is done (all of them with ``wait``); a commit
+        that failed raises here."""
+        while committing and (wait or committing[0][0].done()):
+            future, flight, result = committing.popleft()
+            future.result()
+            self._account(flight.batch.table, flight.batch.messages, result, flight.started)
+
+    def _database(self) -> ThreadPoolExecutor:
+        if self._db_thread is None:
+            self._db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-db")
+        return self._db_thread
 
     # -- accounting ------------------------------------------------------------------------------
 
