@@ -105,9 +105,12 @@ def test_wakes_are_counted_by_source(settings, redis_conn):
     signal = sample("hubdommed_relay_wakes_total", source="signal")
     sweep = sample("hubdommed_relay_wakes_total", source="sweep")
 
-    command.wait_for_signal(timeout=0.05)
-    redis_conn.rpush(settings.OUTBOX_WAKE_KEY, "1")
-    command.wait_for_signal(timeout=5)
+    try:
+        command.wait_for_signal(timeout=0.05)
+        redis_conn.rpush(settings.OUTBOX_WAKE_KEY, "1")
+        command.wait_for_signal(timeout=5)
+    finally:
+        command.redis.close()
 
     assert sample("hubdommed_relay_wakes_total", source="sweep") - sweep == 1
     assert sample("hubdommed_relay_wakes_total", source="signal") - signal == 1
