@@ -75,9 +75,8 @@ def dispatch(
     _require_transaction()
     spec = get_catalog().task(task)
     body = _json_object(payload)
-    (run_id,) = _write_runs(
-        [spec], body, tenant_id=_id_of(tenant), event=None, event_id=None, delay=delay
-    )
+    runs = _prepare_runs([spec], body, tenant_id=_id_of(tenant), event=None, delay=delay)
+    (run_id,) = runs.write(event_id=None)
     return run_id
 
 
@@ -99,21 +98,10 @@ def publish(
     body = _json_object(payload)
     aggregate_type, aggregate_id = _aggregate_key(aggregate)
     tenant_id = _id_of(tenant)
-    # A savepoint, so that a refusal found while writing (an envelope too large, a
-    # payload missing its routing key) leaves no trail row behind either.
-    with transaction.atomic():
-        return _publish(event, body, subscribers, tenant_id, aggregate_type, aggregate_id, actor)
-
-
-def _publish(
-    event: str,
-    body: str,
-    subscribers: list[TaskSpec],
-    tenant_id: int | None,
-    aggregate_type: str,
-    aggregate_id: str,
-    actor: Any,
-) -> Published:
+    # Every refusal (a payload missing its routing key, an envelope too large) is found
+    # before anything is written, so that none leaves a trail row behind; no savepoint
+    # (two round trips on every event) is needed for that.
+    runs = _prepare_runs(subscribers, body, tenant_id=tenant_id, event=event, delay=None)
     record = Event.objects.create(
         type=event,
         aggregate_type=aggregate_type,
@@ -123,9 +111,13 @@ def _publish(
         payload=json.loads(body),
         correlation_id=get_correlation_id(),
     )
-    run_ids = _write_runs(
-        subscribers, body, tenant_id=tenant_id, event=event, event_id=record.id, delay=None
-    )
+    try:
+        run_ids = runs.write(event_id=record.id)
+    except EnvelopeTooLarge:
+        # Only an envelope within a few bytes of the limit gets here: the event's id,
+        # known only now, made it longer than the check before the insert could tell.
+        Event.objects.filter(pk=record.pk).delete()
+        raise
     return Published(event_id=record.id, run_ids=tuple(run_ids))
 
 
@@ -140,25 +132,52 @@ def actor_label(actor: Any) -> str:
     raise TypeError(f"cannot name actor {actor!r}")
 
 
-def _write_runs(
+# The envelope's ``"event_id":null`` is 4 characters; an id takes its digits instead.
+_NULL_ID_LENGTH = len("null")
+
+
+@dataclass
+class _Runs:
+    """The rows of one dispatch or publish, built and checked before any is written."""
+
+    model: type[OutboxMessage] | type[PlatformOutboxMessage]
+    messages: list[OutboxMessage | PlatformOutboxMessage]
+    runs: list[TaskRun]
+    # Bytes of each message's envelope as compact JSON with ``event_id`` null.
+    sizes: list[int]
+
+    def write(self, *, event_id: int | None) -> list[uuid.UUID]:
+        """Write the outbox rows and their runs (one INSERT each) for the event's id."""
+        if event_id is not None:
+            for message, size in zip(self.messages, self.sizes, strict=True):
+                _check_size(message.envelope["task"], size - _NULL_ID_LENGTH + len(str(event_id)))
+                message.envelope["event_id"] = event_id
+        if not self.messages:
+            return []
+        TaskRun.objects.bulk_create(self.runs)
+        self.model.objects.bulk_create(self.messages)
+        signal_relay_on_commit()
+        return [message.run_id for message in self.messages]
+
+
+def _prepare_runs(
     specs: Iterable[TaskSpec],
     body: str,
     *,
     tenant_id: int | None,
     event: str | None,
-    event_id: int | None,
     delay: timedelta | float | None,
-) -> list[uuid.UUID]:
+) -> _Runs:
+    model = OutboxMessage if tenant_id is not None else PlatformOutboxMessage
     specs = list(specs)
     if not specs:
-        return []
+        return _Runs(model, [], [], [])
     payload = json.loads(body)
     correlation_id = get_correlation_id()
     occurred_at = timezone.now().isoformat()
     available_at = _available_at(delay)
-    model = OutboxMessage if tenant_id is not None else PlatformOutboxMessage
 
-    messages, runs, run_ids = [], [], []
+    messages, runs, sizes = [], [], []
     for spec in specs:
         run_id = uuid.uuid4()
         envelope = {
@@ -168,23 +187,21 @@ def _write_runs(
             "queue": spec.queue,
             "destination": _destination(spec, payload),
             "event": event,
-            "event_id": event_id,
+            "event_id": None,  # an event's id is known once its trail row is written
             "tenant": tenant_id,
             "payload": payload,
             "occurred_at": occurred_at,
             "correlation_id": correlation_id,
         }
         size = len(json.dumps(envelope, separators=(",", ":")).encode())
-        if size > settings.OUTBOX_MAX_ENVELOPE_BYTES:
-            raise EnvelopeTooLarge(
-                f"envelope of {spec.name} is {size} bytes; "
-                f"the limit is {settings.OUTBOX_MAX_ENVELOPE_BYTES}"
-            )
+        # The shortest id an event can have: an envelope over the limit even with it is
+        # refused before anything is written.
+        _check_size(spec.name, size if event is None else size - _NULL_ID_LENGTH + 1)
+        sizes.append(size)
         row = model(run_id=run_id, queue=spec.queue, envelope=envelope, available_at=available_at)
         if tenant_id is not None:
             row.tenant_id = tenant_id
         messages.append(row)
-        run_ids.append(run_id)
         if spec.destination == "automation":
             continue  # settled by nobody: see the module's docstring
         runs.append(
@@ -198,10 +215,14 @@ def _write_runs(
                 correlation_id=correlation_id,
             )
         )
-    TaskRun.objects.bulk_create(runs)
-    model.objects.bulk_create(messages)
-    signal_relay_on_commit()
-    return run_ids
+    return _Runs(model, messages, runs, sizes)
+
+
+def _check_size(task: str, size: int) -> None:
+    if size > settings.OUTBOX_MAX_ENVELOPE_BYTES:
+        raise EnvelopeTooLarge(
+            f"envelope of {task} is {size} bytes; the limit is {settings.OUTBOX_MAX_ENVELOPE_BYTES}"
+        )
 
 
 def _destination(spec: TaskSpec, payload: Mapping[str, Any]) -> str:
