@@ -28,7 +28,9 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connection, models, transaction
+from django.db.models.expressions import RawSQL
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from broker.topology import automation_queue_name
@@ -76,7 +78,7 @@ def dispatch(
     spec = get_catalog().task(task)
     body = _json_object(payload)
     runs = _prepare_runs([spec], body, tenant_id=_id_of(tenant), event=None, delay=delay)
-    (run_id,) = runs.write(event_id=None)
+    (run_id,) = runs.write()
     return run_id
 
 
@@ -102,7 +104,7 @@ def publish(
     # before anything is written, so that none leaves a trail row behind; no savepoint
     # (two round trips on every event) is needed for that.
     runs = _prepare_runs(subscribers, body, tenant_id=tenant_id, event=event, delay=None)
-    record = Event.objects.create(
+    record = Event(
         type=event,
         aggregate_type=aggregate_type,
         aggregate_id=aggregate_id,
@@ -111,14 +113,8 @@ def publish(
         payload=json.loads(body),
         correlation_id=get_correlation_id(),
     )
-    try:
-        run_ids = runs.write(event_id=record.id)
-    except EnvelopeTooLarge:
-        # Only an envelope within a few bytes of the limit gets here: the event's id,
-        # known only now, made it longer than the check before the insert could tell.
-        Event.objects.filter(pk=record.pk).delete()
-        raise
-    return Published(event_id=record.id, run_ids=tuple(run_ids))
+    event_id = runs.write_with_event(record)
+    return Published(event_id=event_id, run_ids=tuple(runs.run_ids))
 
 
 def actor_label(actor: Any) -> str:
@@ -146,18 +142,91 @@ class _Runs:
     # Bytes of each message's envelope as compact JSON with ``event_id`` null.
     sizes: list[int]
 
-    def write(self, *, event_id: int | None) -> list[uuid.UUID]:
-        """Write the outbox rows and their runs (one INSERT each) for the event's id."""
-        if event_id is not None:
-            for message, size in zip(self.messages, self.sizes, strict=True):
-                _check_size(message.envelope["task"], size - _NULL_ID_LENGTH + len(str(event_id)))
-                message.envelope["event_id"] = event_id
-        if not self.messages:
-            return []
-        TaskRun.objects.bulk_create(self.runs)
-        self.model.objects.bulk_create(self.messages)
-        signal_relay_on_commit()
+    @property
+    def run_ids(self) -> list[uuid.UUID]:
         return [message.run_id for message in self.messages]
+
+    def write(self) -> list[uuid.UUID]:
+        """Write the outbox rows and their runs, in one statement."""
+        if self.messages:
+            self._execute(with_event=None)
+        return self.run_ids
+
+    def write_with_event(self, event: Event) -> int:
+        """Write the event's trail row, the outbox rows and their runs, in one statement
+        (the envelopes take the new row's id there). Returns the event's id."""
+        event_id = self._execute(with_event=event)
+        for message, size in zip(self.messages, self.sizes, strict=True):
+            message.envelope["event_id"] = event_id
+            try:
+                _check_size(message.envelope["task"], size - _NULL_ID_LENGTH + len(str(event_id)))
+            except EnvelopeTooLarge:
+                # Only an envelope within a few bytes of the limit gets here: the id,
+                # known only now, made it longer than the check before could tell.
+                Event.objects.filter(pk=event_id).delete()
+                self.model.objects.filter(run_id__in=self.run_ids).delete()
+                TaskRun.objects.filter(run_id__in=self.run_ids).delete()
+                raise
+        return event_id
+
+    def _execute(self, *, with_event: Event | None) -> int | None:
+        """One statement for every row: a round trip, not one per table.
+
+        The INSERTs are the ones ``bulk_create`` would send, built from the models, and
+        chained as data-modifying CTEs; the envelopes read the event's id from its CTE.
+        """
+        parts, params = [], []
+        if with_event is not None:
+            sql, values = _insert_sql(Event, [with_event])
+            parts.append(f'new_event AS ({sql} RETURNING "id")')
+            params.extend(values)
+            for message in self.messages:
+                message.envelope = _WithEventId(message.envelope)
+        if self.runs:
+            sql, values = _insert_sql(TaskRun, self.runs)
+            parts.append(f"new_runs AS ({sql})")
+            params.extend(values)
+        if self.messages:
+            sql, values = _insert_sql(self.model, self.messages)
+            parts.append(f"new_messages AS ({sql})")
+            params.extend(values)
+        result = "(SELECT id FROM new_event)" if with_event is not None else "NULL"
+        with connection.cursor() as cursor:
+            cursor.execute(f"WITH {', '.join(parts)} SELECT {result}", params)
+            (event_id,) = cursor.fetchone()
+        for message in self.messages:
+            if isinstance(message.envelope, _WithEventId):
+                message.envelope = message.envelope.envelope
+        if self.messages:
+            signal_relay_on_commit()
+        return event_id
+
+
+class _WithEventId(RawSQL):
+    """An envelope whose ``event_id`` is the id of the event written in the same
+    statement (the ``new_event`` CTE)."""
+
+    def __init__(self, envelope: dict[str, Any]) -> None:
+        self.envelope = envelope
+        super().__init__(
+            "jsonb_set(%s::jsonb, '{event_id}', to_jsonb((SELECT id FROM new_event)))",
+            (json.dumps(envelope, separators=(",", ":")),),
+            output_field=models.JSONField(),
+        )
+
+
+def _insert_sql(model: type[models.Model], objs: list[models.Model]) -> tuple[str, list[Any]]:
+    """The INSERT of ``objs`` that ``bulk_create`` would send, as SQL and parameters."""
+    meta = model._meta
+    fields = [
+        field
+        for field in meta.concrete_fields
+        if not field.generated and field is not meta.auto_field
+    ]
+    query = InsertQuery(model)
+    query.insert_values(fields, objs)
+    ((sql, params),) = query.get_compiler(connection=connection).as_sql()
+    return sql, list(params)
 
 
 def _prepare_runs(
