@@ -22,6 +22,7 @@ import argparse
 import http.client
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -321,6 +322,8 @@ def main() -> None:
         help="drop the status and automation list indexes first (the figures before them)",
     )
     args = parser.parse_args()
+    # A terminated run stops its gunicorn and empties its database too (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     name = settings.DATABASES["default"]["NAME"]
     if "bench" not in name:
@@ -375,7 +378,7 @@ def main() -> None:
             }
             list_latency(port, token, filters, requests=args.requests, pages=args.pages)
     finally:
-        os.killpg(server.pid, 15)
+        os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
         redis_client().delete(settings.OUTBOX_WAKE_KEY)
         empty_database()
