@@ -77,9 +77,9 @@ def job_create(
     With an ``idempotency_key`` already used by the tenant, returns that job and
     ``created=False`` (when the request is the same one; another request is refused).
 
-    The checks read before the transaction begins (the automation's schema may take a
-    while to check): the transaction holds only the writes, the job and its event, in as
-    few round trips as they take.
+    The reads and checks come before the transaction (checking the parameters against the
+    automation's schema may take a while): the transaction holds only the writes, the job
+    and then its event with its outbox rows, one statement each.
     """
     if idempotency_key is not None:
         existing = Job.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
