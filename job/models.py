@@ -118,9 +118,28 @@ class Job(models.Model):
             ),
         ]
         indexes = [
-            # GET /jobs: a tenant's jobs newest first, keyset-paginated on (created_at, id).
+            # GET /jobs: a tenant's jobs newest first, keyset-paginated on (created_at, id);
+            # with no filter, or only created_after / created_before (a range of it).
             models.Index(
                 F("tenant"), F("created_at").desc(), F("id").desc(), name="jobs_tenant_recent_idx"
+            ),
+            # GET /jobs?status=: the same order within one status, so a page of a rare
+            # status (failed, pending) reads its 50 rows instead of skipping every newer
+            # job of the others.
+            models.Index(
+                F("tenant"),
+                F("status"),
+                F("created_at").desc(),
+                F("id").desc(),
+                name="jobs_tenant_status_recent_idx",
+            ),
+            # GET /jobs?automation=: the same order within one automation.
+            models.Index(
+                F("tenant"),
+                F("automation"),
+                F("created_at").desc(),
+                F("id").desc(),
+                name="jobs_tenant_auto_recent_idx",
             ),
             # The worker's poll: an automation's pending jobs, oldest first. Partial, so it
             # holds only what waits, however long the history grows.

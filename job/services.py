@@ -23,6 +23,7 @@ from automation.selectors import automation_get, automations_with_silent_workers
 from automation.services import worker_seen
 from automation.validation import UnusableSchema, params_errors
 from common.errors import Conflict, InvalidInput, NotFound
+from job.metrics import RETRIED, count_claim_refusal, count_transition_on_commit
 from job.models import Job, JobEvent, JobStatus, MonitorCycle
 from job.selectors import automations_with_jobs_pending_before, running_count
 from outbox.services import dispatch, publish
@@ -63,7 +64,6 @@ def lease_length() -> timedelta:
 # --- people -----------------------------------------------------------------------------
 
 
-@transaction.atomic
 def job_create(
     *,
     tenant: Any,
@@ -79,6 +79,10 @@ def job_create(
 
     With an ``idempotency_key`` already used by the tenant, returns that job and
     ``created=False`` (when the request is the same one; another request is refused).
+
+    The reads and checks come before the transaction (checking the parameters against the
+    automation's schema may take a while): the transaction holds only the writes, the job
+    and then its event with its outbox rows, one statement each.
     """
     if idempotency_key is not None:
         existing = Job.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
@@ -107,21 +111,35 @@ def job_create(
         created_at=now,
         updated_at=now,
     )
+    with transaction.atomic():
+        if idempotency_key is None:
+            job.save(force_insert=True)
+        else:
+            existing = _insert_unless_key_taken(job)
+            if existing is not None:
+                return _replayed(existing, automation_id=automation_id, params=params), False
+        _record(job, job.created_event(), actor=requested_by)
+    return job, True
+
+
+def _insert_unless_key_taken(job: Job) -> Job | None:
+    """Insert ``job``; or, when a concurrent request with the same idempotency key got
+    there first, return that request's job instead.
+
+    A savepoint, needed only with a key: the insert that collides with the other
+    request's waits for it to commit, fails, and the rest of the transaction carries on.
+    """
     try:
-        # A savepoint: a concurrent request with the same key makes this insert fail
-        # (it waits for the other to commit); the rest of the transaction carries on.
         with transaction.atomic():
             job.save(force_insert=True)
     except IntegrityError:
-        if idempotency_key is None:
-            raise
-        existing = Job.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        existing = Job.objects.filter(
+            tenant=job.tenant_id, idempotency_key=job.idempotency_key
+        ).first()
         if existing is None:
             raise
-        return _replayed(existing, automation_id=automation_id, params=params), False
-
-    _record(job, job.created_event(), actor=requested_by)
-    return job, True
+        return existing
+    return None
 
 
 def _replayed(job: Job, *, automation_id: int, params: dict[str, Any]) -> Job:
@@ -193,6 +211,7 @@ def job_claim(*, worker: Any, job_id: int, lease: timedelta | None = None) -> Jo
         job = _claim(worker=worker, job_id=job_id, lease=lease or lease_length())
     except Conflict as refusal:
         # A refused claim is the protocol working, not a failure.
+        count_claim_refusal(refusal.code)
         logger.info("claim of job %s by worker %s refused: %s", job_id, worker.pk, refusal.code)
         raise
     worker_seen(worker_id=worker.pk)
@@ -358,6 +377,7 @@ def job_settle_lost(*, job_id: int) -> Settlement:
         ):
             job.requeue(now=now)
             _save(job, was=JobStatus.RUNNING)
+            _count_transition(job, to=RETRIED)
             dispatch(POWER_ON_TASK, {"automation_id": int(job.automation_id)}, tenant=job.tenant_id)
             outcome = Settlement.REQUEUED
         else:
@@ -488,7 +508,18 @@ def _save(job: Job, *, was: str) -> None:
 
 
 def _record(job: Job, event: JobEvent, *, actor: Any) -> None:
+    """Record the event of the transition the job just made (and count it, once committed)."""
     publish(event.name, event.payload, tenant=job.tenant_id, aggregate=job, actor=actor)
+    _count_transition(job)
+
+
+def _count_transition(job: Job, *, to: str | None = None) -> None:
+    count_transition_on_commit(
+        to or job.status,
+        created_at=job.created_at,
+        started_at=job.started_at if job.status == JobStatus.RUNNING else None,
+        finished_at=job.finished_at if job.is_finished else None,
+    )
 
 
 def _require_size(name: str, value: Any, limit: int) -> None:

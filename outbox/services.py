@@ -28,7 +28,9 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connection, models, transaction
+from django.db.models.expressions import RawSQL
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from broker.topology import automation_queue_name
@@ -75,9 +77,8 @@ def dispatch(
     _require_transaction()
     spec = get_catalog().task(task)
     body = _json_object(payload)
-    (run_id,) = _write_runs(
-        [spec], body, tenant_id=_id_of(tenant), event=None, event_id=None, delay=delay
-    )
+    runs = _prepare_runs([spec], body, tenant_id=_id_of(tenant), event=None, delay=delay)
+    (run_id,) = runs.write()
     return run_id
 
 
@@ -99,22 +100,11 @@ def publish(
     body = _json_object(payload)
     aggregate_type, aggregate_id = _aggregate_key(aggregate)
     tenant_id = _id_of(tenant)
-    # A savepoint, so that a refusal found while writing (an envelope too large, a
-    # payload missing its routing key) leaves no trail row behind either.
-    with transaction.atomic():
-        return _publish(event, body, subscribers, tenant_id, aggregate_type, aggregate_id, actor)
-
-
-def _publish(
-    event: str,
-    body: str,
-    subscribers: list[TaskSpec],
-    tenant_id: int | None,
-    aggregate_type: str,
-    aggregate_id: str,
-    actor: Any,
-) -> Published:
-    record = Event.objects.create(
+    # Every refusal (a payload missing its routing key, an envelope too large) is found
+    # before anything is written, so that none leaves a trail row behind; no savepoint
+    # (two round trips on every event) is needed for that.
+    runs = _prepare_runs(subscribers, body, tenant_id=tenant_id, event=event, delay=None)
+    record = Event(
         type=event,
         aggregate_type=aggregate_type,
         aggregate_id=aggregate_id,
@@ -123,10 +113,8 @@ def _publish(
         payload=json.loads(body),
         correlation_id=get_correlation_id(),
     )
-    run_ids = _write_runs(
-        subscribers, body, tenant_id=tenant_id, event=event, event_id=record.id, delay=None
-    )
-    return Published(event_id=record.id, run_ids=tuple(run_ids))
+    event_id = runs.write_with_event(record)
+    return Published(event_id=event_id, run_ids=tuple(runs.run_ids))
 
 
 def actor_label(actor: Any) -> str:
@@ -140,25 +128,125 @@ def actor_label(actor: Any) -> str:
     raise TypeError(f"cannot name actor {actor!r}")
 
 
-def _write_runs(
+# The envelope's ``"event_id":null`` is 4 characters; an id takes its digits instead.
+_NULL_ID_LENGTH = len("null")
+
+
+@dataclass
+class _Runs:
+    """The rows of one dispatch or publish, built and checked before any is written."""
+
+    model: type[OutboxMessage] | type[PlatformOutboxMessage]
+    messages: list[OutboxMessage | PlatformOutboxMessage]
+    runs: list[TaskRun]
+    # Bytes of each message's envelope as compact JSON with ``event_id`` null.
+    sizes: list[int]
+
+    @property
+    def run_ids(self) -> list[uuid.UUID]:
+        return [message.run_id for message in self.messages]
+
+    def write(self) -> list[uuid.UUID]:
+        """Write the outbox rows and their runs, in one statement."""
+        if self.messages:
+            self._execute(with_event=None)
+        return self.run_ids
+
+    def write_with_event(self, event: Event) -> int:
+        """Write the event's trail row, the outbox rows and their runs, in one statement
+        (the envelopes take the new row's id there). Returns the event's id."""
+        event_id = self._execute(with_event=event)
+        for message, size in zip(self.messages, self.sizes, strict=True):
+            message.envelope["event_id"] = event_id
+            try:
+                _check_size(message.envelope["task"], size - _NULL_ID_LENGTH + len(str(event_id)))
+            except EnvelopeTooLarge:
+                # Only an envelope within a few bytes of the limit gets here: the id,
+                # known only now, made it longer than the check before could tell.
+                Event.objects.filter(pk=event_id).delete()
+                self.model.objects.filter(run_id__in=self.run_ids).delete()
+                TaskRun.objects.filter(run_id__in=self.run_ids).delete()
+                raise
+        return event_id
+
+    def _execute(self, *, with_event: Event | None) -> int | None:
+        """One statement for every row: a round trip, not one per table.
+
+        The INSERTs are the ones ``bulk_create`` would send, built from the models, and
+        chained as data-modifying CTEs; the envelopes read the event's id from its CTE.
+        """
+        parts, params = [], []
+        if with_event is not None:
+            sql, values = _insert_sql(Event, [with_event])
+            parts.append(f'new_event AS ({sql} RETURNING "id")')
+            params.extend(values)
+            for message in self.messages:
+                message.envelope = _WithEventId(message.envelope)
+        if self.runs:
+            sql, values = _insert_sql(TaskRun, self.runs)
+            parts.append(f"new_runs AS ({sql})")
+            params.extend(values)
+        if self.messages:
+            sql, values = _insert_sql(self.model, self.messages)
+            parts.append(f"new_messages AS ({sql})")
+            params.extend(values)
+        result = "(SELECT id FROM new_event)" if with_event is not None else "NULL"
+        with connection.cursor() as cursor:
+            cursor.execute(f"WITH {', '.join(parts)} SELECT {result}", params)
+            (event_id,) = cursor.fetchone()
+        for message in self.messages:
+            if isinstance(message.envelope, _WithEventId):
+                message.envelope = message.envelope.envelope
+        if self.messages:
+            signal_relay_on_commit()
+        return event_id
+
+
+class _WithEventId(RawSQL):
+    """An envelope whose ``event_id`` is the id of the event written in the same
+    statement (the ``new_event`` CTE)."""
+
+    def __init__(self, envelope: dict[str, Any]) -> None:
+        self.envelope = envelope
+        super().__init__(
+            "jsonb_set(%s::jsonb, '{event_id}', to_jsonb((SELECT id FROM new_event)))",
+            (json.dumps(envelope, separators=(",", ":")),),
+            output_field=models.JSONField(),
+        )
+
+
+def _insert_sql(model: type[models.Model], objs: list[models.Model]) -> tuple[str, list[Any]]:
+    """The INSERT of ``objs`` that ``bulk_create`` would send, as SQL and parameters."""
+    meta = model._meta
+    fields = [
+        field
+        for field in meta.concrete_fields
+        if not field.generated and field is not meta.auto_field
+    ]
+    query = InsertQuery(model)
+    query.insert_values(fields, objs)
+    ((sql, params),) = query.get_compiler(connection=connection).as_sql()
+    return sql, list(params)
+
+
+def _prepare_runs(
     specs: Iterable[TaskSpec],
     body: str,
     *,
     tenant_id: int | None,
     event: str | None,
-    event_id: int | None,
     delay: timedelta | float | None,
-) -> list[uuid.UUID]:
+) -> _Runs:
+    model = OutboxMessage if tenant_id is not None else PlatformOutboxMessage
     specs = list(specs)
     if not specs:
-        return []
+        return _Runs(model, [], [], [])
     payload = json.loads(body)
     correlation_id = get_correlation_id()
     occurred_at = timezone.now().isoformat()
     available_at = _available_at(delay)
-    model = OutboxMessage if tenant_id is not None else PlatformOutboxMessage
 
-    messages, runs, run_ids = [], [], []
+    messages, runs, sizes = [], [], []
     for spec in specs:
         run_id = uuid.uuid4()
         envelope = {
@@ -168,23 +256,21 @@ def _write_runs(
             "queue": spec.queue,
             "destination": _destination(spec, payload),
             "event": event,
-            "event_id": event_id,
+            "event_id": None,  # an event's id is known once its trail row is written
             "tenant": tenant_id,
             "payload": payload,
             "occurred_at": occurred_at,
             "correlation_id": correlation_id,
         }
         size = len(json.dumps(envelope, separators=(",", ":")).encode())
-        if size > settings.OUTBOX_MAX_ENVELOPE_BYTES:
-            raise EnvelopeTooLarge(
-                f"envelope of {spec.name} is {size} bytes; "
-                f"the limit is {settings.OUTBOX_MAX_ENVELOPE_BYTES}"
-            )
+        # The shortest id an event can have: an envelope over the limit even with it is
+        # refused before anything is written.
+        _check_size(spec.name, size if event is None else size - _NULL_ID_LENGTH + 1)
+        sizes.append(size)
         row = model(run_id=run_id, queue=spec.queue, envelope=envelope, available_at=available_at)
         if tenant_id is not None:
             row.tenant_id = tenant_id
         messages.append(row)
-        run_ids.append(run_id)
         if spec.destination == "automation":
             continue  # settled by nobody: see the module's docstring
         runs.append(
@@ -198,10 +284,14 @@ def _write_runs(
                 correlation_id=correlation_id,
             )
         )
-    TaskRun.objects.bulk_create(runs)
-    model.objects.bulk_create(messages)
-    signal_relay_on_commit()
-    return run_ids
+    return _Runs(model, messages, runs, sizes)
+
+
+def _check_size(task: str, size: int) -> None:
+    if size > settings.OUTBOX_MAX_ENVELOPE_BYTES:
+        raise EnvelopeTooLarge(
+            f"envelope of {task} is {size} bytes; the limit is {settings.OUTBOX_MAX_ENVELOPE_BYTES}"
+        )
 
 
 def _destination(spec: TaskSpec, payload: Mapping[str, Any]) -> str:

@@ -201,3 +201,39 @@ def test_a_message_for_an_automation_worker_leaves_no_task_run(settings, tmp_pat
         "critical",
         "automation-4",
     }
+
+
+def test_a_refused_event_caught_by_the_caller_leaves_no_trail_row_in_its_commit():
+    """publish takes no savepoint: every refusal is found before it writes anything."""
+    tenant = TenantFactory()
+    with transaction.atomic():
+        with pytest.raises(InvalidPayload):
+            # JobCreated goes to the automation's own queue: it needs automation_id.
+            publish("JobCreated", {"job_id": 1}, tenant=tenant, aggregate=("Job", 1))
+        dispatch("maintenance.purge", {})  # the caller carries on, and commits
+
+    assert counts() == (0, 1, 1, 0)
+
+
+def test_an_envelope_pushed_over_the_limit_by_its_event_id_leaves_no_trail_row(settings):
+    """The event's id is known only once its trail row is written; an envelope that its
+    digits push over the limit is refused then, and the row goes with the refusal."""
+    tenant = TenantFactory()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 99999)")
+    payload = {"automation_id": 1, "job_id": 7}
+    with transaction.atomic():
+        first = publish("JobCreated", payload, tenant=tenant, aggregate=("Job", 7))
+    envelope = OutboxMessage.objects.filter(envelope__event_id=first.event_id).first().envelope
+    size = len(json.dumps(envelope, separators=(",", ":")).encode())
+    assert first.event_id == 100000  # six digits, and so is the next one
+    # One byte short for a six-digit id; plenty for the one-digit id checked beforehand.
+    settings.OUTBOX_MAX_ENVELOPE_BYTES = size - 1
+
+    with transaction.atomic():
+        with pytest.raises(EnvelopeTooLarge):
+            publish("JobCreated", payload, tenant=tenant, aggregate=("Job", 8))
+        dispatch("maintenance.purge", {})
+
+    assert list(Event.objects.values_list("aggregate_id", flat=True)) == ["7"]
+    assert counts() == (2, 1, 2, 1)

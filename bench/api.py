@@ -1,0 +1,399 @@
+"""The API's write path and its list at scale, on one gunicorn.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/hub_api_bench .venv/bin/python bench/api.py
+
+(1) Throughput: ``POST /api/v1/jobs`` against ``GET /api/v1/me`` on the same gunicorn,
+    in interleaved rounds (the order alternates from round to round), each endpoint driven
+    by the same number of client threads for the same time; medians of the rates and of
+    the per-round ratios.
+(2) The list at scale: ``--jobs`` jobs (1,000,000 by default) bulk-loaded for one tenant
+    with ``generate_series`` (not through the API), then ``GET /api/v1/jobs`` with each
+    filter alone, the first page and the pages after it (the cursor), one client;
+    p50/p99/max of the request as the client sees it.
+
+The database must be one of its own (its name must contain ``bench``): it is created and
+migrated if needed, and emptied (``flush``) at the start, whatever a crashed run left in it,
+and again at the end. Its Redis keys have a prefix of the run's own, deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlencode, urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+RUN = uuid.uuid4().hex[:6]
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hubdommed.settings")
+os.environ.setdefault("LOG_LEVEL", "warning")
+os.environ["REDIS_KEY_PREFIX"] = f"bench-api-{RUN}"
+# One token for the whole run, however long the bulk load takes.
+os.environ["ACCESS_TOKEN_SECONDS"] = "86400"
+# Served as in production: no DEBUG (which keeps every query in memory, among others).
+os.environ["DEBUG"] = "false"
+os.environ["SECRET_KEY"] = f"bench-{uuid.uuid4().hex}"
+os.environ["ALLOWED_HOSTS"] = "127.0.0.1"
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from identity.tokens import issue_access_token  # noqa: E402
+from outbox.wake import redis_client  # noqa: E402
+from tests.factories import AutomationFactory, TenantFactory, UserFactory  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def request(port: int, method: str, path: str, token: str, body: bytes | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        headers = {"Authorization": f"Bearer {token}"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def rate(port: int, token: str, method: str, path: str, body, *, clients: int, seconds: float):
+    """Requests per second of ``clients`` threads sending the request back to back."""
+    done = [0] * clients
+    failures: list[str] = []
+    stop = time.monotonic() + seconds
+
+    def client(slot: int) -> None:
+        while time.monotonic() < stop:
+            status, payload = request(port, method, path, token, body)
+            if status >= 300:
+                failures.append(f"{status} {payload[:200]!r}")
+                return
+            done[slot] += 1
+
+    threads = [threading.Thread(target=client, args=(slot,)) for slot in range(clients)]
+    began = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise SystemExit(f"{method} {path} failed: {failures[0]}")
+    return sum(done) / (time.monotonic() - began)
+
+
+def throughput(
+    port: int, token: str, automation_id: int, *, rounds: int, seconds: float, clients: int
+):
+    body = json.dumps({"automation": automation_id, "params": {"invoice": 42}}).encode()
+    parts = {
+        "GET /api/v1/me": ("GET", "/api/v1/me", None),
+        "POST /api/v1/jobs": ("POST", "/api/v1/jobs", body),
+    }
+    # Warm both paths (imports, connections, caches) before anything is timed.
+    for method, path, payload in parts.values():
+        rate(port, token, method, path, payload, clients=clients, seconds=1.0)
+    figures: dict[str, list[float]] = {name: [] for name in parts}
+    for number in range(rounds):
+        order = list(parts) if number % 2 == 0 else list(reversed(parts))
+        for name in order:
+            figures[name].append(rate(port, token, *parts[name], clients=clients, seconds=seconds))
+        print(
+            f"  round {number + 1}: "
+            + ", ".join(f"{name} {figures[name][-1]:.0f}/s" for name in parts),
+            flush=True,
+        )
+    ratios = [post / me for me, post in zip(*figures.values(), strict=True)]
+    print(f"(1) throughput, {clients} client threads, {rounds} rounds of {seconds:g} s each")
+    for name, values in figures.items():
+        print(f"  {name:<20} median {statistics.median(values):>6.0f} req/s")
+    print(
+        f"  ratio POST/GET median {statistics.median(ratios):.2f} "
+        f"(rounds {min(ratios):.2f}-{max(ratios):.2f})"
+    )
+
+
+def bulk_load(*, tenant_id: int, user_id: int, automation_ids: list[int], rare_id: int, jobs: int):
+    """``jobs`` jobs of the tenant over about a year, one every 30 s; ``rare_id`` has 100."""
+    began = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO jobs (tenant_id, automation_id, requested_by_id, status, params,
+                              attempt, claim_token, lease_expires_at, error, failure_reason,
+                              output_tail, created_at, updated_at, started_at, finished_at)
+            SELECT %(tenant)s,
+                   CASE WHEN mod(n, %(jobs)s / 100) = 5 THEN %(rare)s
+                        ELSE (%(automations)s::bigint[])[1 + mod(n, %(count)s)] END,
+                   %(user)s, s.status, jsonb_build_object('invoice', n),
+                   CASE WHEN s.status = 'pending' THEN 0 ELSE 1 END,
+                   CASE WHEN s.status = 'pending' THEN NULL ELSE gen_random_uuid() END,
+                   CASE WHEN s.status = 'running' THEN now() + interval '1 hour' END,
+                   CASE WHEN s.status = 'failed' THEN 'exit 1' ELSE '' END,
+                   CASE WHEN s.status = 'failed' THEN 'exit_code'
+                        WHEN s.status = 'canceled' THEN 'canceled' ELSE '' END,
+                   '', at, at,
+                   CASE WHEN s.status <> 'pending' THEN at + interval '1 second' END,
+                   CASE WHEN s.status NOT IN ('pending', 'running')
+                        THEN at + interval '2 seconds' END
+              FROM generate_series(1, %(jobs)s) AS n,
+                   -- Mostly finished, a few failed or canceled, a thin stream of pending
+                   -- and running ones spread over the whole history (the worst case for
+                   -- a list that would have to skip the others).
+                   LATERAL (SELECT CASE WHEN mod(n, 1000) = 0 THEN 'pending'
+                                        WHEN mod(n, 1000) = 1 THEN 'running'
+                                        WHEN mod(n, 100) BETWEEN 2 AND 7 THEN 'failed'
+                                        WHEN mod(n, 100) BETWEEN 8 AND 10 THEN 'canceled'
+                                        ELSE 'succeeded' END AS status,
+                                   now() - (%(jobs)s - n) * interval '30 seconds' AS at) AS s
+            """,
+            {
+                "tenant": tenant_id,
+                "user": user_id,
+                "automations": automation_ids,
+                "count": len(automation_ids),
+                "rare": rare_id,
+                "jobs": jobs,
+            },
+        )
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE jobs")
+    print(f"(2) loaded {jobs:,} jobs in {time.monotonic() - began:.0f} s (generate_series)")
+
+
+def list_latency(port: int, token: str, filters: dict[str, dict], *, requests: int, pages: int):
+    """Per filter: the requests as the client sees them, and the page's query alone (its
+    execution time in PostgreSQL, from EXPLAIN ANALYZE: what the indexes decide, apart
+    from the CPU the rest of the request competes for)."""
+    print(
+        f"    {'filter':<30} {'HTTP p50':>8} {'p99':>6} {'max':>6}   "
+        f"{'SQL p50':>7} {'p99':>6} {'max':>6}  (ms)"
+    )
+    worst_http = worst_sql = 0.0
+    for label, query in filters.items():
+        timings: list[float] = []
+        positions = []
+        while len(timings) < requests:
+            path = "/api/v1/jobs?" + urlencode(query)
+            for _page in range(pages):
+                began = time.perf_counter()
+                status, payload = request(port, "GET", path, token)
+                timings.append((time.perf_counter() - began) * 1000)
+                if status != 200:
+                    raise SystemExit(f"GET {path}: {status} {payload[:200]!r}")
+                body = json.loads(payload)
+                if len(positions) < pages and body["results"]:
+                    positions.append(body["results"][-1]["created_at"])
+                if not body["next"]:
+                    break
+                parts = urlsplit(body["next"])
+                path = f"{parts.path}?{parts.query}"
+        sql_timings = page_query_times(query, positions, runs=requests)
+        http_p99, sql_p99 = percentile(timings, 0.99), percentile(sql_timings, 0.99)
+        worst_http, worst_sql = max(worst_http, http_p99), max(worst_sql, sql_p99)
+        print(
+            f"    {label:<30} {statistics.median(timings):>8.1f} {http_p99:>6.1f} "
+            f"{max(timings):>6.1f}   {statistics.median(sql_timings):>7.2f} {sql_p99:>6.2f} "
+            f"{max(sql_timings):>6.2f}"
+        )
+    print(f"    worst p99: HTTP {worst_http:.1f} ms, SQL {worst_sql:.2f} ms (target < 50 ms)")
+
+
+def page_query_times(query: dict, positions: list[str], *, runs: int) -> list[float]:
+    """Execution times of the list's page query (the first page and the next ones)."""
+    from job.api.serializers import JobListFilters
+    from job.selectors import job_list
+
+    filters = JobListFilters(data=query)
+    filters.is_valid(raise_exception=True)
+    pages = [job_list(tenant=TENANT_ID[0], **filters.as_selector_filters())]
+    pages += [pages[0].filter(created_at__lt=position) for position in positions[:-1]]
+    times = []
+    with connection.cursor() as cursor:
+        for number in range(runs):
+            sql, params = pages[number % len(pages)][:51].query.sql_with_params()
+            cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
+            (document,) = cursor.fetchone()
+            if isinstance(document, str):
+                document = json.loads(document)
+            times.append(document[0]["Execution Time"])
+    return times
+
+
+# The tenant whose jobs are listed (set once it exists).
+TENANT_ID: list[int] = []
+
+
+def start_gunicorn(port: int, workers: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            str(ROOT / ".venv" / "bin" / "gunicorn"),
+            "hubdommed.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            str(workers),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def wait_until_up(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/health/live")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("the API did not start")
+
+
+LIST_INDEXES = ("jobs_tenant_status_recent_idx", "jobs_tenant_auto_recent_idx")
+
+
+def restore_list_indexes() -> None:
+    """Back to the migrated state after a run that dropped the list indexes."""
+    from job.models import Job
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname FROM pg_indexes WHERE indexname = ANY(%s)", [list(LIST_INDEXES)]
+        )
+        present = {name for (name,) in cursor.fetchall()}
+    with connection.schema_editor() as editor:
+        for index in Job._meta.indexes:
+            if index.name in LIST_INDEXES and index.name not in present:
+                editor.add_index(Job, index)
+
+
+def empty_database() -> None:
+    call_command("flush", interactive=False, verbosity=0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=5.0, help="per endpoint and round")
+    parser.add_argument("--clients", type=int, default=4, help="client threads")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
+    parser.add_argument("--jobs", type=int, default=1_000_000, help="jobs loaded for the list")
+    parser.add_argument("--requests", type=int, default=200, help="list requests per filter")
+    parser.add_argument("--pages", type=int, default=5, help="pages followed per walk")
+    parser.add_argument("--only", choices=("throughput", "list"))
+    parser.add_argument(
+        "--without-list-indexes",
+        action="store_true",
+        help="drop the status and automation list indexes first (the figures before them)",
+    )
+    args = parser.parse_args()
+    # A terminated run stops its gunicorn and empties its database too (the finally below).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    name = settings.DATABASES["default"]["NAME"]
+    if "bench" not in name:
+        raise SystemExit(f"refusing to empty {name!r}: give DATABASE_URL a *bench* database")
+    subprocess.run([sys.executable, "scripts/ensure_database.py"], cwd=ROOT, check=True)
+    call_command("migrate", verbosity=0)
+    restore_list_indexes()  # a run --without-list-indexes may have crashed
+    empty_database()
+
+    tenant = TenantFactory(name=f"Bench {RUN}", slug=f"bench-{RUN}")
+    TENANT_ID.append(tenant.pk)
+    person = UserFactory(email=f"bench-{RUN}@example.com", tenant=tenant)
+    automations = [AutomationFactory() for _ in range(20)]
+    rare = AutomationFactory()
+    token = issue_access_token(person).token
+    port = free_port()
+    server = start_gunicorn(port, args.workers)
+    try:
+        wait_until_up(port)
+        if args.only in (None, "throughput"):
+            throughput(
+                port,
+                token,
+                automations[0].id,
+                rounds=args.rounds,
+                seconds=args.seconds,
+                clients=args.clients,
+            )
+        if args.only in (None, "list"):
+            with connection.cursor() as cursor:
+                cursor.execute("TRUNCATE jobs, events, task_runs, outbox_messages CASCADE")
+                if args.without_list_indexes:
+                    for name in LIST_INDEXES:
+                        cursor.execute(f"DROP INDEX {name}")
+            bulk_load(
+                tenant_id=tenant.id,
+                user_id=person.id,
+                automation_ids=[automation.id for automation in automations],
+                rare_id=rare.id,
+                jobs=args.jobs,
+            )
+            now = timezone.now()
+            filters = {
+                "(none)": {},
+                **{f"status={status}": {"status": status} for status in _statuses()},
+                "automation=<one of 20>": {"automation": automations[3].id},
+                "automation=<100 jobs>": {"automation": rare.id},
+                "created_after=<30 days ago>": {"created_after": _iso(now - timedelta(days=30))},
+                "created_before=<180 days ago>": {
+                    "created_before": _iso(now - timedelta(days=180))
+                },
+            }
+            list_latency(port, token, filters, requests=args.requests, pages=args.pages)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+        redis_client().delete(settings.OUTBOX_WAKE_KEY)
+        empty_database()
+        restore_list_indexes()
+
+
+def _statuses() -> list[str]:
+    from job.models import JobStatus
+
+    return list(JobStatus.values)
+
+
+def _iso(moment) -> str:
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+if __name__ == "__main__":
+    main()

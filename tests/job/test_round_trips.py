@@ -1,0 +1,156 @@
+"""The round trips to PostgreSQL of POST /api/v1/jobs and of authentication, counted.
+
+Every statement the request sends is captured, BEGIN and COMMIT included, so a change that
+adds one (a savepoint, a lazy foreign key, a second read of the user) fails here. The
+counts are a ceiling that says what each statement is for, not a timing.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from identity.services import tenant_deactivate, user_deactivate
+from job.models import Job
+from outbox.models import Event, OutboxMessage, TaskRun
+from tests.factories import AutomationFactory, PlatformAdminFactory, UserFactory, bearer
+
+# Outside the request's transaction: the caller (authentication) and the automation
+# with its schema (the checks before the writes).
+# Inside it: BEGIN, the job, then JobCreated in the trail with its runs and outbox rows
+# (one statement), COMMIT.
+POST_STATEMENTS = [
+    "SELECT users",
+    "SELECT automations",
+    "BEGIN",
+    "INSERT jobs",
+    "INSERT events + task_runs + outbox_messages",
+    "COMMIT",
+]
+
+
+def statements(captured) -> list[str]:
+    """Each statement as its verb and table: ``INSERT jobs``, ``SAVEPOINT``, ``COMMIT``."""
+    out = []
+    for query in captured:
+        words = query["sql"].replace('"', "").split()
+        verb = words[0].upper()
+        if verb == "SELECT":
+            table = words[words.index("FROM") + 1] if "FROM" in words else ""
+            out.append(f"SELECT {table}")
+        elif verb == "INSERT":
+            out.append(f"INSERT {words[2]}")
+        elif verb == "WITH":  # one statement, several INSERTs chained
+            tables = re.findall(r'INSERT INTO "?(\w+)"?', query["sql"])
+            out.append(f"INSERT {' + '.join(tables)}")
+        else:
+            out.append(verb)
+    return out
+
+
+def client_with_token(user) -> APIClient:
+    """A client that authenticates as a real caller does: a bearer access token."""
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=bearer(user))
+    return client
+
+
+def post_job(client, automation, **headers):
+    with CaptureQueriesContext(connection) as captured:
+        response = client.post(
+            "/api/v1/jobs",
+            {"automation": automation.id, "params": {"invoice": 7}},
+            format="json",
+            **headers,
+        )
+    return response, statements(captured.captured_queries)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_post_is_six_round_trips_without_a_savepoint():
+    user = UserFactory()
+    automation = AutomationFactory()
+    client = client_with_token(user)
+
+    response, sent = post_job(client, automation)
+
+    assert response.status_code == 201, response.json()
+    assert sent == POST_STATEMENTS
+    # What those statements wrote is all there, committed together.
+    job = Job.objects.get(pk=response.json()["id"])
+    event = Event.objects.get(aggregate_type="Job", aggregate_id=str(job.pk))
+    messages = OutboxMessage.objects.filter(envelope__event_id=event.pk)
+    assert messages.count() == 2
+    assert TaskRun.objects.filter(run_id__in=messages.values("run_id")).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_post_with_an_idempotency_key_adds_the_lookup_and_one_savepoint_only():
+    user = UserFactory()
+    automation = AutomationFactory()
+    client = client_with_token(user)
+
+    first, sent = post_job(client, automation, HTTP_IDEMPOTENCY_KEY="order-1")
+    again, sent_again = post_job(client, automation, HTTP_IDEMPOTENCY_KEY="order-1")
+
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert sent == [
+        "SELECT users",
+        "SELECT jobs",  # the key's earlier job, if any
+        "SELECT automations",
+        "BEGIN",
+        "SAVEPOINT",  # a concurrent request with the same key may win the insert
+        "INSERT jobs",
+        "RELEASE",
+        "INSERT events + task_runs + outbox_messages",
+        "COMMIT",
+    ]
+    # A replay reads and writes nothing more than the job it returns.
+    assert sent_again == ["SELECT users", "SELECT jobs"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_authentication_is_one_read_of_the_user_with_the_tenant():
+    client = client_with_token(UserFactory())
+
+    with CaptureQueriesContext(connection) as captured:
+        response = client.get("/api/v1/me")
+
+    assert response.status_code == 200
+    assert statements(captured.captured_queries) == ["SELECT users"]
+    assert "tenants" in captured.captured_queries[0]["sql"]  # joined, not read apart
+
+
+@pytest.mark.django_db
+def test_a_deactivated_person_is_refused_at_their_next_post():
+    user = UserFactory()
+    automation = AutomationFactory()
+    client = client_with_token(user)
+    assert post_job(client, automation)[0].status_code == 201
+
+    user_deactivate(user=user, actor=PlatformAdminFactory())
+    response, _ = post_job(client, automation)
+
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "account_inactive"
+    assert Job.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_the_people_of_a_deactivated_tenant_are_refused_at_their_next_post():
+    user = UserFactory()
+    automation = AutomationFactory()
+    client = client_with_token(user)
+    assert post_job(client, automation)[0].status_code == 201
+
+    tenant_deactivate(tenant=user.tenant, actor=PlatformAdminFactory())
+    response, _ = post_job(client, automation)
+
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "account_inactive"
+    assert Job.objects.count() == 1
