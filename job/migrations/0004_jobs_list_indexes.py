@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("job", "0002_monitor_cycles"),
+        ("job", "0003_job_triggered_by"),
     ]
 
     operations = [
