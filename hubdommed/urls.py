@@ -2,8 +2,9 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from common import health
+from common import health, metrics_endpoint
 from common.api import not_found_view
+from outbox.metrics import OutboxBacklogCollector
 
 handler404 = "common.api.not_found_view"
 handler500 = "common.api.server_error_view"
@@ -21,6 +22,13 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
+    # Prometheus's: the outbox backlog is measured here too, at each scrape.
+    path(
+        "metrics",
+        metrics_endpoint.metrics,
+        {"collectors": [OutboxBacklogCollector()]},
+        name="metrics",
+    ),
     path("admin/", admin.site.urls),
     # The API's paths are exact: anything else under them is a 404 in the error format, for
     # every method (no redirect to a slashed path, which a POST could not follow).

@@ -37,6 +37,8 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from django.utils import timezone
 
 from automation.machines.services import machines_stop_idle
+from common.metrics import Heartbeat, serve_metrics
+from job.monitor_metrics import MONITOR_CYCLES, MONITOR_JOBS, MONITOR_STEP_ERRORS
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
 from job.services import (
     Settlement,
@@ -81,6 +83,24 @@ class CycleCounts:
             )
         )
 
+    def count(self) -> None:
+        """Adds this cycle to the monitor's metrics (``job.monitor_metrics``)."""
+        MONITOR_CYCLES.inc()
+        for action, value in (
+            ("lease_renewed", self.leases_renewed),
+            ("power_on_resent", self.powered_on),
+            ("worker_restarted", self.workers_restarted),
+            ("lost_failed", self.settled[Settlement.FAILED]),
+            ("lost_requeued", self.settled[Settlement.REQUEUED]),
+            ("lost_canceled", self.settled[Settlement.CANCELED]),
+            ("lost_alive", self.settled[Settlement.ALIVE]),
+            ("lost_error", self.settled["error"]),
+            ("machine_stopped", self.machines_stopped),
+        ):
+            # inc(0) too: every action's series exists from the first cycle on, so a
+            # rate() over it is 0 rather than absent.
+            MONITOR_JOBS.labels(action=action).inc(value)
+
 
 class Command(BaseCommand):
     help = (
@@ -93,6 +113,7 @@ class Command(BaseCommand):
         self.stop = Stop()
         self.cycles = 0
         self.interval = settings.MONITOR_INTERVAL_SECONDS
+        self.heartbeat = Heartbeat("monitor", settings.LIVENESS_FILE)
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="run one cycle, then exit")
@@ -169,17 +190,23 @@ class Command(BaseCommand):
                 logger.warning("monitor step %s: database unreachable (%s)", step.__name__, exc)
                 connection.close()
                 counts.errors += 1
+                MONITOR_STEP_ERRORS.labels(step=step.__name__).inc()
             except Exception:
                 # AWS away, or a bug: the other steps still run.
                 logger.exception("monitor step %s failed", step.__name__)
                 counts.errors += 1
+                MONITOR_STEP_ERRORS.labels(step=step.__name__).inc()
         try:
             monitor_cycle_ended()
         except Exception:
             logger.exception("monitor could not record the end of its cycle")
             counts.errors += 1
+            MONITOR_STEP_ERRORS.labels(step="monitor_cycle_ended").inc()
         self.cycles += 1
+        counts.count()
         logger.info(counts.line())
+        # Alive: a cycle went round, whatever its steps met (an outage is not a hang).
+        self.heartbeat.beat()
         return counts
 
     # -- the loop ------------------------------------------------------------------------------
@@ -189,6 +216,7 @@ class Command(BaseCommand):
         if interval <= 0:
             raise CommandError("--interval must be a positive number of seconds")
         self.interval = interval
+        serve_metrics(settings.METRICS_PORT)
         logger.info(
             "monitor starting: every %gs; pending after %ss; ec2 idle after %ss",
             interval,

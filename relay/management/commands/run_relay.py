@@ -26,7 +26,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from broker import TransportUnavailable
+from common.metrics import serve_metrics
 from lifecycle import Backoff, Stop
+from outbox.metrics import OutboxBacklogCollector
 from relay.engine import OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX, OutboxRelay
 from relay.schedules import enqueue_due_schedules
 
@@ -141,6 +143,10 @@ class Command(BaseCommand):
                 "The relay is disabled here. Exactly one service per environment runs it: "
                 "set HUBDOMMED_RELAY=true in that service's environment."
             )
+        # The outbox backlog is reported here, by the one relay of the environment.
+        serve_metrics(
+            settings.METRICS_PORT, collectors=[OutboxBacklogCollector(close_connection=True)]
+        )
         logger.info(
             "relay starting: broker=%s batch=%d sweep=%gs wake key=%s",
             settings.BROKER,
