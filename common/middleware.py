@@ -6,6 +6,7 @@ import uuid
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import JsonResponse
 from django.http.multipartparser import MultiPartParserError
+from django.utils.log import log_response
 
 from common.api import error_body, not_found_view
 from common.context import log_context
@@ -38,6 +39,17 @@ class CorrelationIdMiddleware:
         # The tenant is bound too once the request's credential is checked (bind_log_ids).
         with log_context(correlation_id=correlation_id):
             response = self.get_response(request)
+            if response.status_code >= 400:
+                # Django's handler logs a 4xx/5xx after the last middleware has returned,
+                # outside this context: logged here, the same line carries the ids (and
+                # Django, seeing it logged, does not log it again).
+                log_response(
+                    "%s: %s",
+                    response.reason_phrase,
+                    request.path,
+                    response=response,
+                    request=request,
+                )
         response["X-Request-ID"] = correlation_id
         return response
 
