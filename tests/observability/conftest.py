@@ -63,3 +63,7 @@ def json_lines():
     yield lines
     root.removeHandler(lines.handler)
     root.setLevel(level)
+
+
+# The whole system (live server, relay, workers as processes) of the end-to-end tests.
+from tests.e2e.conftest import api, broker_names, catalog, person, system  # noqa: E402, F401

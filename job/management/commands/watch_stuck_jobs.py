@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,6 +38,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from django.utils import timezone
 
 from automation.machines.services import machines_stop_idle
+from common.context import log_context
 from common.metrics import Heartbeat, serve_metrics
 from job.monitor_metrics import MONITOR_CYCLES, MONITOR_JOBS, MONITOR_STEP_ERRORS
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
@@ -169,6 +171,12 @@ class Command(BaseCommand):
         )
 
     def run_cycle(self) -> CycleCounts:
+        # What a cycle causes (power-ons, settled jobs' events) and what it logs share an id
+        # of the cycle's own, never one the process would keep from its first cycle on.
+        with log_context(correlation_id=str(uuid.uuid4())):
+            return self._run_cycle()
+
+    def _run_cycle(self) -> CycleCounts:
         counts = CycleCounts()
         for step, keep in (
             (self.renew_leases_after_outage, "leases_renewed"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 import redis
 from django.conf import settings
@@ -26,6 +27,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from broker import TransportUnavailable
+from common.context import log_context
 from common.metrics import serve_metrics
 from lifecycle import Backoff, Stop
 from outbox.metrics import OutboxBacklogCollector
@@ -78,7 +80,9 @@ class Command(BaseCommand):
 
     def enqueue_due_schedules(self) -> list[str]:
         self._schedules_checked_at = time.monotonic()
-        enqueued = enqueue_due_schedules()
+        # The runs a check enqueues share an id of their own, not one the process keeps.
+        with log_context(correlation_id=str(uuid.uuid4())):
+            enqueued = enqueue_due_schedules()
         if enqueued:
             logger.info("relay enqueued scheduled tasks: %s", ", ".join(enqueued))
         return enqueued
