@@ -83,8 +83,8 @@ class Command(BaseCommand):
         # The runs a check enqueues share an id of their own, not one the process keeps.
         with log_context(correlation_id=str(uuid.uuid4())):
             enqueued = enqueue_due_schedules()
-        if enqueued:
-            logger.info("relay enqueued scheduled tasks: %s", ", ".join(enqueued))
+            if enqueued:
+                logger.info("relay enqueued scheduled tasks: %s", ", ".join(enqueued))
         return enqueued
 
     def drain(self) -> None:
