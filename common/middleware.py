@@ -3,6 +3,7 @@ import re
 import time
 import uuid
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import JsonResponse
 from django.http.multipartparser import MultiPartParserError
@@ -59,16 +60,23 @@ _KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OP
 # Asked every few seconds by probes and Prometheus: logged at debug, counted all the same.
 _QUIET_ROUTES = frozenset({"health/live", "health/ready", "metrics"})
 UNMATCHED = "unmatched"
+STATIC = "static"
 
 
 def route_of(request) -> str:
-    """The URL pattern that matched (``api/v1/jobs/<int:pk>``), or ``unmatched``.
+    """The URL pattern that matched (``api/v1/jobs/<int:pk>``), ``static`` for the static
+    files, or ``unmatched``.
 
     Never the path itself: a label takes the pattern's few values, not one per id or per
     path a scanner tries. The catch-all views that answer 404 count as unmatched.
     """
     match = getattr(request, "resolver_match", None)
-    if match is None or match.func is not_found_view:
+    if match is None:
+        # Served before any URL pattern is tried: the static files (WhiteNoise).
+        if request.path.startswith(f"/{settings.STATIC_URL.lstrip('/')}"):
+            return STATIC
+        return UNMATCHED
+    if match.func is not_found_view:
         return UNMATCHED
     if getattr(match.func, "__name__", "") == "catch_all_view":  # the admin's 404s
         return UNMATCHED

@@ -71,3 +71,12 @@ def test_a_method_nobody_uses_is_counted_as_other(client):
     assert response.status_code == 405
     assert sample(REQUESTS, route="health/live", method="other", status="405") == before + 1
     assert sample(REQUESTS, route="health/live", method="BREW", status="405") == 0
+
+
+def test_static_files_are_counted_as_static(client):
+    before = sample(REQUESTS, route="static", method="GET", status="200")
+
+    response = client.get("/static/admin/css/base.css")
+
+    assert response.status_code == 200
+    assert sample(REQUESTS, route="static", method="GET", status="200") == before + 1
