@@ -80,3 +80,20 @@ def test_static_files_are_counted_as_static(client):
 
     assert response.status_code == 200
     assert sample(REQUESTS, route="static", method="GET", status="200") == before + 1
+
+
+@pytest.mark.urls("tests.common.urls")
+@pytest.mark.parametrize(
+    "path", ["/t/crash", "/api/t/crash", "/t/plain-crash", "/api/t/crash-in-render"]
+)
+def test_a_request_that_crashes_is_counted_as_the_500_the_client_gets(client, json_lines, path):
+    route = path.lstrip("/")
+    before = sample(REQUESTS, route=route, method="GET", status="500")
+
+    response = client.get(path, HTTP_X_REQUEST_ID="crash-1")
+
+    assert response.status_code == 500
+    assert sample(REQUESTS, route=route, method="GET", status="500") == before + 1
+    # The error's own lines carry the request's id too.
+    errors = [line for line in json_lines.json() if line["level"] == "ERROR"]
+    assert errors and all(line["correlation_id"] == "crash-1" for line in errors)
