@@ -33,6 +33,7 @@ from schemathesis.checks import (
 )
 
 from hubdommed.wsgi import application
+from schedule.services import schedule_create
 from tests.factories import (
     AutomationWithWorkerFactory,
     JobFactory,
@@ -114,6 +115,9 @@ def seeded(settings) -> Seeded:
     automation = AutomationWithWorkerFactory(sector=sector, max_concurrency=5)
     pending = JobFactory(tenant=tenant, automation=automation, requested_by=member)
     running = RunningJobFactory(tenant=tenant, automation=automation, requested_by=member)
+    schedule = schedule_create(
+        tenant=tenant, actor=manager, automation_id=automation.pk, name="nightly", cron="0 6 * * *"
+    )
     return Seeded(
         headers={
             "anonymous": {},
@@ -128,6 +132,7 @@ def seeded(settings) -> Seeded:
             "sector_id": sector.pk,
             "automation_id": automation.pk,
             "job_id": pending.pk,
+            "schedule_id": schedule.pk,
             "tenant": tenant.pk,
             "sector": sector.pk,
             "automation": automation.pk,
