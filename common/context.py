@@ -68,3 +68,17 @@ def log_context(*, correlation_id: str | None = None, **ids: object) -> Iterator
         if cid_token is not None:
             _correlation_id.reset(cid_token)
         _log_ids.reset(ids_token)
+
+
+def bind_log_ids(**ids: object) -> None:
+    """Add ids to the enclosing ``log_context`` block, from here to its end.
+
+    For an id learnt halfway through the work, such as the tenant of a request once its
+    credential has been checked: the block that encloses the work still restores what was
+    there before it when it ends. Outside any block, the ids stay bound in the current
+    context (a thread's), so call it only inside one.
+    """
+    unknown = set(ids) - set(LOG_IDS)
+    if unknown:
+        raise TypeError(f"bind_log_ids() got unknown ids: {', '.join(sorted(unknown))}")
+    _log_ids.set({**_log_ids.get(), **{k: str(v) for k, v in ids.items() if v is not None}})

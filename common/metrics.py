@@ -16,17 +16,22 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
     CollectorRegistry,
+    Counter,
     Gauge,
+    Histogram,
     generate_latest,
     multiprocess,
     start_http_server,
 )
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 DAEMON_HEARTBEAT = Gauge(
     "hubdommed_daemon_heartbeat_timestamp_seconds",
@@ -36,29 +41,70 @@ DAEMON_HEARTBEAT = Gauge(
 )
 
 
+# The API's requests (common.middleware.RequestMetricsMiddleware). ``route`` is the URL
+# pattern that matched (``api/v1/jobs/<int:pk>``), ``unmatched`` for any path that matched
+# none: the label's values are bounded by the URL conf, never by what clients send.
+HTTP_REQUESTS = Counter(
+    "hubdommed_http_requests_total",
+    "HTTP requests answered, by route template, method and status code.",
+    ["route", "method", "status"],
+)
+HTTP_REQUEST_DURATION = Histogram(
+    "hubdommed_http_request_duration_seconds",
+    "Seconds from a request's arrival in Django to its response, by route template and method.",
+    ["route", "method"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+
+
 def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
-def registry() -> CollectorRegistry:
-    """The registry to expose: this process's, or every process's of a multiprocess dir."""
-    if multiprocess_dir() is None:
+class _Everything:
+    """Exposes another registry whole, so that collectors can be added beside it."""
+
+    def __init__(self, source: CollectorRegistry) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._source.collect()
+
+
+def registry(collectors: Iterable[Collector] = ()) -> CollectorRegistry:
+    """The registry to expose: this process's, or every process's of a multiprocess dir.
+
+    ``collectors`` are added for this exposition only: collectors that measure something
+    at scrape time (the outbox backlog) in the one process that should report it.
+    """
+    collectors = list(collectors)
+    if multiprocess_dir() is None and not collectors:
         return REGISTRY
-    collected = CollectorRegistry()
-    multiprocess.MultiProcessCollector(collected)
-    return collected
+    # No auto-describe: a collector that queries the database is only run when scraped.
+    exposed = CollectorRegistry(auto_describe=False)
+    if multiprocess_dir() is None:
+        exposed.register(_Everything(REGISTRY))
+    else:
+        multiprocess.MultiProcessCollector(exposed)
+    for collector in collectors:
+        exposed.register(collector)
+    return exposed
 
 
-def exposition() -> tuple[bytes, str]:
+def exposition(collectors: Iterable[Collector] = ()) -> tuple[bytes, str]:
     """The metrics in the text exposition format, and its content type."""
-    return generate_latest(registry()), CONTENT_TYPE_LATEST
+    return generate_latest(registry(collectors)), CONTENT_TYPE_LATEST
 
 
-def serve_metrics(port: int, addr: str = "0.0.0.0") -> threading.Thread | None:  # noqa: S104
+def serve_metrics(
+    port: int,
+    addr: str = "0.0.0.0",  # noqa: S104 (a container's port; the orchestrator decides who reaches it)
+    collectors: Iterable[Collector] = (),
+) -> threading.Thread | None:
     """Serve ``/metrics`` on ``port`` in a background thread (``None`` when port is 0)."""
     if not port:
         return None
-    _server, thread = start_http_server(port, addr=addr, registry=registry())
+    _server, thread = start_http_server(port, addr=addr, registry=registry(collectors))
     return thread
 
 

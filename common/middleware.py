@@ -1,23 +1,33 @@
 import logging
 import re
+import time
 import uuid
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import JsonResponse
 from django.http.multipartparser import MultiPartParserError
+from django.utils.log import log_response
 
-from common.api import error_body
-from common.context import reset_correlation_id, set_correlation_id
+from common.api import error_body, not_found_view
+from common.context import log_context
 from common.jsondata import PROBLEM, describe_path, unstorable_path
+from common.metrics import HTTP_REQUEST_DURATION, HTTP_REQUESTS
 
 logger = logging.getLogger("django.request")
+request_logger = logging.getLogger("hubdommed.http")
 
 # Accept a caller's id only when it is short and plain: it ends up in logs and envelopes.
 _ACCEPTABLE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
 
 class CorrelationIdMiddleware:
-    """Takes ``X-Request-ID`` (or makes one), exposes it to the outbox, echoes it back."""
+    """Takes ``X-Request-ID`` (or makes one), binds it to the request's work, echoes it back.
+
+    Outermost, so that every line logged while the request is served (the other
+    middleware's included) and every message it causes carries the id. An id that is not
+    short and plain is not taken: the request gets a new one, which the response says.
+    """
 
     header = "HTTP_X_REQUEST_ID"
 
@@ -27,13 +37,90 @@ class CorrelationIdMiddleware:
     def __call__(self, request):
         incoming = request.META.get(self.header, "")
         correlation_id = incoming if _ACCEPTABLE_ID.match(incoming) else str(uuid.uuid4())
-        token = set_correlation_id(correlation_id)
-        try:
+        # The tenant is bound too once the request's credential is checked (bind_log_ids).
+        with log_context(correlation_id=correlation_id):
             response = self.get_response(request)
-        finally:
-            reset_correlation_id(token)
+            if response.status_code >= 400:
+                # Django's handler logs a 4xx/5xx after the last middleware has returned,
+                # outside this context: logged here, the same line carries the ids (and
+                # Django, seeing it logged, does not log it again).
+                log_response(
+                    "%s: %s",
+                    response.reason_phrase,
+                    request.path,
+                    response=response,
+                    request=request,
+                )
         response["X-Request-ID"] = correlation_id
         return response
+
+
+# Methods counted under their own name; anything else a client invents is "other".
+_KNOWN_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# Asked every few seconds by probes and Prometheus: logged at debug, counted all the same.
+_QUIET_ROUTES = frozenset({"health/live", "health/ready", "metrics"})
+UNMATCHED = "unmatched"
+STATIC = "static"
+
+
+def route_of(request) -> str:
+    """The URL pattern that matched (``api/v1/jobs/<int:pk>``), ``static`` for the static
+    files, or ``unmatched``.
+
+    Never the path itself: a label takes the pattern's few values, not one per id or per
+    path a scanner tries. The catch-all views that answer 404 count as unmatched.
+    """
+    match = getattr(request, "resolver_match", None)
+    if match is None:
+        # Served before any URL pattern is tried: the static files (WhiteNoise).
+        if request.path.startswith(f"/{settings.STATIC_URL.lstrip('/')}"):
+            return STATIC
+        return UNMATCHED
+    if match.func is not_found_view:
+        return UNMATCHED
+    if getattr(match.func, "__name__", "") == "catch_all_view":  # the admin's 404s
+        return UNMATCHED
+    return match.route or UNMATCHED
+
+
+class RequestMetricsMiddleware:
+    """Counts and times each request by route template, method and status, and logs it.
+
+    Just inside ``CorrelationIdMiddleware`` (its line carries the request's ids) and
+    outside the others, so the status is the one the client gets.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        started = time.perf_counter()
+        status = 500
+        try:
+            response = self.get_response(request)
+            status = response.status_code
+            return response
+        finally:
+            elapsed = time.perf_counter() - started
+            route = route_of(request)
+            method = request.method if request.method in _KNOWN_METHODS else "other"
+            HTTP_REQUESTS.labels(route=route, method=method, status=str(status)).inc()
+            HTTP_REQUEST_DURATION.labels(route=route, method=method).observe(elapsed)
+            request_logger.log(
+                logging.DEBUG if route in _QUIET_ROUTES else logging.INFO,
+                "%s %s %d %.1f ms",
+                method,
+                request.path,
+                status,
+                elapsed * 1000,
+                extra={
+                    "method": method,
+                    "route": route,
+                    "path": request.path,
+                    "status": status,
+                    "duration_seconds": round(elapsed, 6),
+                },
+            )
 
 
 class UnstorableTextMiddleware:

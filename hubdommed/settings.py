@@ -52,7 +52,11 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First, so that it sees every answer: under /api/ and /health/, errors are JSON in the
+    # Outermost: every line logged while a request is served carries its correlation id.
+    "common.middleware.CorrelationIdMiddleware",
+    # Counts, times and logs each request with the status the client gets.
+    "common.middleware.RequestMetricsMiddleware",
+    # Then, so that it sees every answer: under /api/ and /health/, errors are JSON in the
     # one format whatever DEBUG says (no debug page, which lists settings and environment).
     "common.middleware.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -66,7 +70,6 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "common.middleware.CorrelationIdMiddleware",
 ]
 
 ROOT_URLCONF = "hubdommed.urls"
@@ -332,6 +335,9 @@ METRICS_PORT = env.int("METRICS_PORT", default=0, minimum=0)
 # A file the daemon touches after each loop iteration, for a container's health check
 # (empty: none).
 LIVENESS_FILE = env.str("LIVENESS_FILE", default="")
+# The API's /metrics answers only `Authorization: Bearer <this>` when set (empty: anyone who
+# reaches the API may read it; the figures carry no tenant's data).
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
 
 # Only behind a proxy that sets X-Forwarded-Proto itself: otherwise any client could claim
 # that its plain-HTTP request came over HTTPS.

@@ -6,8 +6,9 @@ from drf_spectacular.views import (
     SpectacularSwaggerView,
 )
 
-from common import health
+from common import health, metrics_endpoint
 from common.api import not_found_view
+from outbox.metrics import OutboxBacklogCollector
 
 
 class SwaggerPage(SpectacularSwaggerView):
@@ -42,6 +43,13 @@ urlpatterns = [
     ),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
+    # Prometheus's: the outbox backlog is measured here too, at each scrape.
+    path(
+        "metrics",
+        metrics_endpoint.metrics,
+        {"collectors": [OutboxBacklogCollector()]},
+        name="metrics",
+    ),
     path("admin/", admin.site.urls),
     # The API's paths are exact: anything else under them is a 404 in the error format, for
     # every method (no redirect to a slashed path, which a POST could not follow).

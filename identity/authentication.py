@@ -5,6 +5,7 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
+from common.context import bind_log_ids
 from identity.tokens import InvalidAccessToken, decode_access_token, token_user_id
 
 
@@ -35,6 +36,8 @@ class AccessTokenAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "The account is not active.", code="account_inactive"
             )
+        # The rest of the request's log lines say whose it is (a platform admin has none).
+        bind_log_ids(tenant_id=user.tenant_id)
         return user, claims
 
     def authenticate_header(self, request) -> str:

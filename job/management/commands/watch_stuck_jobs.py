@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,6 +38,9 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from django.utils import timezone
 
 from automation.machines.services import machines_stop_idle
+from common.context import log_context
+from common.metrics import Heartbeat, serve_metrics
+from job.monitor_metrics import MONITOR_CYCLES, MONITOR_JOBS, MONITOR_STEP_ERRORS
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
 from job.services import (
     Settlement,
@@ -81,6 +85,24 @@ class CycleCounts:
             )
         )
 
+    def count(self) -> None:
+        """Adds this cycle to the monitor's metrics (``job.monitor_metrics``)."""
+        MONITOR_CYCLES.inc()
+        for action, value in (
+            ("lease_renewed", self.leases_renewed),
+            ("power_on_resent", self.powered_on),
+            ("worker_restarted", self.workers_restarted),
+            ("lost_failed", self.settled[Settlement.FAILED]),
+            ("lost_requeued", self.settled[Settlement.REQUEUED]),
+            ("lost_canceled", self.settled[Settlement.CANCELED]),
+            ("lost_alive", self.settled[Settlement.ALIVE]),
+            ("lost_error", self.settled["error"]),
+            ("machine_stopped", self.machines_stopped),
+        ):
+            # inc(0) too: every action's series exists from the first cycle on, so a
+            # rate() over it is 0 rather than absent.
+            MONITOR_JOBS.labels(action=action).inc(value)
+
 
 class Command(BaseCommand):
     help = (
@@ -93,6 +115,7 @@ class Command(BaseCommand):
         self.stop = Stop()
         self.cycles = 0
         self.interval = settings.MONITOR_INTERVAL_SECONDS
+        self.heartbeat = Heartbeat("monitor", settings.LIVENESS_FILE)
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="run one cycle, then exit")
@@ -148,6 +171,12 @@ class Command(BaseCommand):
         )
 
     def run_cycle(self) -> CycleCounts:
+        # What a cycle causes (power-ons, settled jobs' events) and what it logs share an id
+        # of the cycle's own, never one the process would keep from its first cycle on.
+        with log_context(correlation_id=str(uuid.uuid4())):
+            return self._run_cycle()
+
+    def _run_cycle(self) -> CycleCounts:
         counts = CycleCounts()
         for step, keep in (
             (self.renew_leases_after_outage, "leases_renewed"),
@@ -169,17 +198,23 @@ class Command(BaseCommand):
                 logger.warning("monitor step %s: database unreachable (%s)", step.__name__, exc)
                 connection.close()
                 counts.errors += 1
+                MONITOR_STEP_ERRORS.labels(step=step.__name__).inc()
             except Exception:
                 # AWS away, or a bug: the other steps still run.
                 logger.exception("monitor step %s failed", step.__name__)
                 counts.errors += 1
+                MONITOR_STEP_ERRORS.labels(step=step.__name__).inc()
         try:
             monitor_cycle_ended()
         except Exception:
             logger.exception("monitor could not record the end of its cycle")
             counts.errors += 1
+            MONITOR_STEP_ERRORS.labels(step="monitor_cycle_ended").inc()
         self.cycles += 1
+        counts.count()
         logger.info(counts.line())
+        # Alive: a cycle went round, whatever its steps met (an outage is not a hang).
+        self.heartbeat.beat()
         return counts
 
     # -- the loop ------------------------------------------------------------------------------
@@ -189,6 +224,7 @@ class Command(BaseCommand):
         if interval <= 0:
             raise CommandError("--interval must be a positive number of seconds")
         self.interval = interval
+        serve_metrics(settings.METRICS_PORT)
         logger.info(
             "monitor starting: every %gs; pending after %ss; ec2 idle after %ss",
             interval,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 import redis
 from django.conf import settings
@@ -26,7 +27,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from broker import TransportUnavailable
+from common.context import log_context
+from common.metrics import serve_metrics
 from lifecycle import Backoff, Stop
+from outbox.metrics import OutboxBacklogCollector
 from relay import metrics
 from relay.engine import OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX, OutboxRelay
 from relay.schedules import enqueue_due_schedules
@@ -77,9 +81,11 @@ class Command(BaseCommand):
 
     def enqueue_due_schedules(self) -> list[str]:
         self._schedules_checked_at = time.monotonic()
-        enqueued = enqueue_due_schedules()
-        if enqueued:
-            logger.info("relay enqueued scheduled tasks: %s", ", ".join(enqueued))
+        # The runs a check enqueues share an id of their own, not one the process keeps.
+        with log_context(correlation_id=str(uuid.uuid4())):
+            enqueued = enqueue_due_schedules()
+            if enqueued:
+                logger.info("relay enqueued scheduled tasks: %s", ", ".join(enqueued))
         return enqueued
 
     def drain(self) -> None:
@@ -148,6 +154,10 @@ class Command(BaseCommand):
                 "The relay is disabled here. Exactly one service per environment runs it: "
                 "set HUBDOMMED_RELAY=true in that service's environment."
             )
+        # The outbox backlog is reported here, by the one relay of the environment.
+        serve_metrics(
+            settings.METRICS_PORT, collectors=[OutboxBacklogCollector(close_connection=True)]
+        )
         logger.info(
             "relay starting: broker=%s batch=%d sweep=%gs wake key=%s",
             settings.BROKER,

@@ -27,6 +27,7 @@ from automation.agent.client import AutomationInfo, HubClient, HubError
 from automation.machines.local import LOCK_FD_ENV
 from broker.consume_loop import ConsumeLoop
 from broker.topology import QUEUES
+from common.metrics import serve_metrics
 from lifecycle import Backoff, Stop
 from worker.builders import build_automation_worker, build_task_worker
 
@@ -89,6 +90,9 @@ class Command(BaseCommand):
         destinations = parse_queues(queues)
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
+        # The hub's background worker only: an automation's worker runs on its machine,
+        # beside others the local provider starts with the same environment.
+        serve_metrics(settings.METRICS_PORT)
         worker = build_task_worker(
             destinations,
             concurrency=concurrency,
