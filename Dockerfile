@@ -29,6 +29,7 @@ EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=12s --start-period=30s \
     CMD ["python", "scripts/healthcheck.py"]
 
-# The API: gunicorn's workers add up their metrics in PROMETHEUS_MULTIPROC_DIR (the API's
-# alone; the daemons keep theirs in memory), emptied at start.
-CMD ["sh", "-c", "export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-/tmp/prometheus} && rm -rf \"$PROMETHEUS_MULTIPROC_DIR\" && mkdir -p \"$PROMETHEUS_MULTIPROC_DIR\" && exec gunicorn hubdommed.wsgi:application --bind 0.0.0.0:${PORT} --workers ${WEB_CONCURRENCY:-2} --access-logfile -"]
+# The API. gunicorn.conf.py sets up the workers' shared metrics (PROMETHEUS_MULTIPROC_DIR,
+# emptied at start) and leaves request logging to the application (one line per request,
+# with its ids).
+CMD ["sh", "-c", "exec gunicorn -c gunicorn.conf.py hubdommed.wsgi:application --bind 0.0.0.0:${PORT} --workers ${WEB_CONCURRENCY:-2}"]

@@ -37,9 +37,23 @@ class OutboxBacklogCollector:
         self.close_connection = close_connection
         self.failing = False
 
-    def describe(self) -> list:
-        # Nothing to describe up front: describing must not query the database.
-        return []
+    def describe(self) -> list[GaugeMetricFamily]:
+        # The families without samples: describing must not query the database.
+        return list(self._families())
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+        pending = GaugeMetricFamily(
+            "hubdommed_outbox_pending_messages",
+            "Outbox rows not sent to the broker yet (due or not).",
+            labels=["table"],
+        )
+        oldest = GaugeMetricFamily(
+            "hubdommed_outbox_oldest_due_age_seconds",
+            "Seconds since the oldest due, unsent outbox row became due (0 when none is).",
+            labels=["table"],
+        )
+        return pending, oldest
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
@@ -56,16 +70,7 @@ class OutboxBacklogCollector:
         if self.failing:
             logger.info("outbox backlog measured again: the database is back")
             self.failing = False
-        pending = GaugeMetricFamily(
-            "hubdommed_outbox_pending_messages",
-            "Outbox rows not sent to the broker yet (due or not).",
-            labels=["table"],
-        )
-        oldest = GaugeMetricFamily(
-            "hubdommed_outbox_oldest_due_age_seconds",
-            "Seconds since the oldest due, unsent outbox row became due (0 when none is).",
-            labels=["table"],
-        )
+        pending, oldest = self._families()
         for backlog in backlogs:
             pending.add_metric([backlog.table], backlog.pending)
             oldest.add_metric([backlog.table], backlog.oldest_due_age_seconds)

@@ -15,7 +15,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHCHECK = ROOT / "scripts" / "healthcheck.py"
-DAEMONS = {"relay", "worker", "monitor"}
+DAEMONS = {"relay", "worker", "monitor", "scheduler"}
 
 
 @pytest.fixture(scope="module")

@@ -69,8 +69,9 @@ def test_the_scheduler_recovers_from_a_database_restart_and_terminated_backends(
     finally:
         code = scheduler.stop()
     assert code == 0, scheduler.log
-    # The outages were met (as warnings, not tracebacks), and outlived.
-    assert "scheduler: database unreachable" in scheduler.log, scheduler.log
+    # The outages were outlived, never as a traceback. (Whether a cycle met the database
+    # down, and warned, or only found its connection dead at the start of the next cycle and
+    # replaced it silently, depends on how long the restart took.)
     assert "Traceback" not in scheduler.log, scheduler.log
     jobs = pg.execute(
         "SELECT s.name FROM jobs j JOIN schedules s ON s.id = (j.triggered_by->>'schedule')::int "

@@ -88,3 +88,27 @@ def test_two_schedulers_racing_start_each_due_time_once_and_exit_0_on_sigterm(
         (job.triggered_by["schedule"], job.triggered_by["due_at"]) for job in Job.objects.all()
     )
     assert runs and max(runs.values()) == 1
+
+
+def _sample(name: str, **labels: str) -> float:
+    from prometheus_client import REGISTRY
+
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.mark.django_db
+def test_a_cycle_counts_what_it_started_and_beats_the_heartbeat(
+    settings, tmp_path, tenant, automation
+):
+    settings.LIVENESS_FILE = str(tmp_path / "scheduler.alive")
+    due = new_schedule(tenant=tenant, automation=automation, cron="* * * * *")
+    _due_now(due)
+    cycles = _sample("hubdommed_scheduler_cycles_total")
+    started = _sample("hubdommed_scheduler_runs_total", outcome="started")
+
+    Command().run_cycle()
+
+    assert _sample("hubdommed_scheduler_cycles_total") == cycles + 1
+    assert _sample("hubdommed_scheduler_runs_total", outcome="started") == started + 1
+    assert _sample("hubdommed_daemon_heartbeat_timestamp_seconds", daemon="scheduler") > 0
+    assert (tmp_path / "scheduler.alive").exists()

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
+from common.context import log_context
+from common.metrics import Heartbeat, serve_metrics
 from lifecycle import Stop
+from schedule.metrics import SCHEDULER_CYCLES, SCHEDULER_ERRORS, SCHEDULER_RUNS
 from schedule.services import schedules_end_orphaned, schedules_fire_due
 
 logger = logging.getLogger("hubdommed.scheduler")
@@ -36,6 +40,7 @@ class Command(BaseCommand):
         self.stop = Stop()
         self.cycles = 0
         self.started = 0
+        self.heartbeat = Heartbeat("scheduler", settings.LIVENESS_FILE)
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="run one cycle, then exit")
@@ -52,6 +57,8 @@ class Command(BaseCommand):
         """Fire one batch of due schedules; True when more may be due right away."""
         firing = schedules_fire_due()
         self.started += len(firing.started)
+        SCHEDULER_RUNS.labels(outcome="started").inc(len(firing.started))
+        SCHEDULER_RUNS.labels(outcome="stopped").inc(len(firing.stopped))
         if firing.started or firing.stopped:
             logger.info(
                 "scheduler: %d jobs started, %d schedules stopped",
@@ -64,6 +71,7 @@ class Command(BaseCommand):
         ended = schedules_end_orphaned()
         if ended:
             logger.info("scheduler: %d schedules ended with their automation or tenant", len(ended))
+            SCHEDULER_RUNS.labels(outcome="stopped").inc(len(ended))
         return len(ended)
 
     def run_cycle(self) -> None:
@@ -71,18 +79,24 @@ class Command(BaseCommand):
         # it. Not inside a caller's transaction (a test): that connection is the caller's.
         if not connection.in_atomic_block:
             close_old_connections()
-        try:
-            for _ in range(MAX_BATCHES_PER_CYCLE):
-                if self.stop.requested or not self.fire_one_batch():
-                    break
-            self.end_orphaned()
-        except (OperationalError, InterfaceError) as exc:
-            logger.warning("scheduler: database unreachable (%s)", exc)
-            connection.close()
-        except Exception:
-            # A bug: logged, and the next cycle tries again.
-            logger.exception("scheduler cycle failed")
+        # Each cycle's lines and the jobs it starts carry an id of their own.
+        with log_context(correlation_id=str(uuid.uuid4())):
+            try:
+                for _ in range(MAX_BATCHES_PER_CYCLE):
+                    if self.stop.requested or not self.fire_one_batch():
+                        break
+                self.end_orphaned()
+            except (OperationalError, InterfaceError) as exc:
+                logger.warning("scheduler: database unreachable (%s)", exc)
+                SCHEDULER_ERRORS.labels(cause="database").inc()
+                connection.close()
+            except Exception:
+                # A bug: logged, and the next cycle tries again.
+                logger.exception("scheduler cycle failed")
+                SCHEDULER_ERRORS.labels(cause="bug").inc()
         self.cycles += 1
+        SCHEDULER_CYCLES.inc()
+        self.heartbeat.beat()
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -91,6 +105,7 @@ class Command(BaseCommand):
         if interval <= 0:
             raise CommandError("--interval must be a positive number of seconds")
         logger.info("scheduler starting: every %gs", interval)
+        serve_metrics(settings.METRICS_PORT)
         if once:
             self.run_cycle()
         else:
