@@ -13,6 +13,7 @@ api_v1 = [
     path("", include("sector.urls")),
     path("", include("automation.urls")),
     path("", include("job.urls")),
+    path("", include("webhook.urls")),
 ]
 
 urlpatterns = [

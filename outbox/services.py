@@ -24,7 +24,7 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -34,6 +34,7 @@ from django.utils import timezone
 from broker.topology import automation_queue_name
 from common.context import get_correlation_id
 from outbox.catalog import TaskSpec, get_catalog
+from outbox.listeners import RecordedEvent, notify_listeners
 from outbox.models import Event, OutboxMessage, PlatformOutboxMessage, TaskRun, clock_timestamp
 from outbox.wake import signal_relay_on_commit
 
@@ -126,7 +127,25 @@ def _publish(
     run_ids = _write_runs(
         subscribers, body, tenant_id=tenant_id, event=event, event_id=record.id, delay=None
     )
+    notify_listeners(
+        RecordedEvent(
+            id=record.id,
+            type=event,
+            tenant_id=tenant_id,
+            aggregate_type=aggregate_type,
+            aggregate_id=aggregate_id,
+            payload=record.payload,
+            occurred_at=_occurred_at(record),
+        )
+    )
     return Published(event_id=record.id, run_ids=tuple(run_ids))
+
+
+def _occurred_at(record: Event):
+    # The database's clock stamps the row; a backend that does not return it on insert
+    # leaves the listeners the application's clock, a moment later.
+    occurred_at = record.occurred_at
+    return occurred_at if isinstance(occurred_at, datetime) else timezone.now()
 
 
 def actor_label(actor: Any) -> str:

@@ -1,0 +1,411 @@
+"""Use cases of webhooks: managing a tenant's endpoints, and delivering its events to them.
+
+Deliveries are born in ``deliveries_record``, the outbox's event listener, inside the
+transaction that records the event; each is then attempted by a run of ``webhook.deliver``
+(``delivery_attempt``), and each retry is a new run, due after the next delay of
+``WEBHOOK_RETRY_DELAYS``. The HTTP request happens outside any transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from common.errors import InvalidInput, NotFound
+from job.api.serializers import JobOutput
+from job.selectors import job_get
+from outbox.catalog import get_catalog
+from outbox.listeners import RecordedEvent
+from outbox.services import dispatch
+from webhook import transport
+from webhook.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from webhook.signing import new_message_id, new_secret, signed_headers
+
+logger = logging.getLogger("hubdommed.webhook")
+
+DELIVER_TASK = "webhook.deliver"
+URL_MAX_LENGTH = 2048
+# Characters of a receiver's answer kept with the attempt.
+EXCERPT_CHARS = 1024
+
+
+# --- endpoints ----------------------------------------------------------------------------
+
+
+def validated_url(url: str) -> str:
+    url = url.strip()
+    if len(url) > URL_MAX_LENGTH:
+        reason = f"at most {URL_MAX_LENGTH} characters"
+    else:
+        reason = transport.check_url(url)
+    if reason:
+        raise InvalidInput(
+            f"The endpoint URL is refused: {reason}.",
+            code="webhook_url_refused",
+            details={"url": [reason]},
+        )
+    return url
+
+
+def validated_event_types(event_types: list[str]) -> list[str]:
+    known = get_catalog().events
+    unknown = sorted({name for name in event_types if name not in known})
+    if unknown:
+        raise InvalidInput(
+            f"Unknown event types: {', '.join(unknown)}.",
+            code="webhook_unknown_event_type",
+            details={"event_types": [f"Not an event of the hub: {name}." for name in unknown]},
+        )
+    if not event_types:
+        raise InvalidInput(
+            "Name at least one event type.",
+            details={"event_types": ["Name at least one event type."]},
+        )
+    return sorted(set(event_types))
+
+
+@transaction.atomic
+def endpoint_create(
+    *, tenant: Any, url: str, event_types: list[str], description: str = "", actor: Any
+) -> WebhookEndpoint:
+    """Register an endpoint; its ``secret`` is on the returned instance, shown once."""
+    return WebhookEndpoint.objects.create(
+        tenant_id=getattr(tenant, "pk", tenant),
+        url=validated_url(url),
+        event_types=validated_event_types(event_types),
+        description=description,
+        secret=new_secret(),
+        created_by=actor,
+    )
+
+
+def _locked(tenant: Any, endpoint_id: int) -> WebhookEndpoint:
+    endpoint = (
+        WebhookEndpoint.objects.select_for_update()
+        .filter(tenant_id=getattr(tenant, "pk", tenant), pk=endpoint_id)
+        .first()
+    )
+    if endpoint is None:
+        raise NotFound("No such webhook endpoint.", code="webhook_not_found")
+    return endpoint
+
+
+@transaction.atomic
+def endpoint_update(
+    *, tenant: Any, endpoint_id: int, data: dict[str, Any], actor: Any
+) -> WebhookEndpoint:
+    endpoint = _locked(tenant, endpoint_id)
+    if "url" in data:
+        endpoint.url = validated_url(data["url"])
+    if "event_types" in data:
+        endpoint.event_types = validated_event_types(data["event_types"])
+    if "description" in data:
+        endpoint.description = data["description"]
+    endpoint.updated_at = timezone.now()
+    endpoint.save()
+    return endpoint
+
+
+@transaction.atomic
+def endpoint_rotate_secret(*, tenant: Any, endpoint_id: int, actor: Any) -> WebhookEndpoint:
+    """A new secret (returned once); the old one keeps signing for the grace period."""
+    endpoint = _locked(tenant, endpoint_id)
+    endpoint.rotate(
+        new_secret=new_secret(), grace=timedelta(seconds=settings.WEBHOOK_SECRET_GRACE_SECONDS)
+    )
+    endpoint.save()
+    return endpoint
+
+
+@transaction.atomic
+def endpoint_disable(
+    *, tenant: Any, endpoint_id: int, actor: Any, reason: str = ""
+) -> WebhookEndpoint:
+    endpoint = _locked(tenant, endpoint_id)
+    endpoint.disable(reason=reason or "Disabled by a manager.")
+    endpoint.save()
+    return endpoint
+
+
+@transaction.atomic
+def endpoint_enable(*, tenant: Any, endpoint_id: int, actor: Any) -> WebhookEndpoint:
+    endpoint = _locked(tenant, endpoint_id)
+    endpoint.enable()
+    endpoint.save()
+    return endpoint
+
+
+# --- the event listener -------------------------------------------------------------------
+
+
+def deliveries_record(event: RecordedEvent) -> list[int]:
+    """One delivery per active endpoint of the event's tenant that wants it, with its first
+    run, in the event's own transaction (the outbox calls this from ``publish``)."""
+    if event.tenant_id is None:
+        return []
+    endpoints = list(
+        WebhookEndpoint.objects.filter(
+            tenant_id=event.tenant_id,
+            status=WebhookEndpoint.Status.ACTIVE,
+            event_types__contains=[event.type],
+        ).only("id")
+    )
+    if not endpoints:
+        return []
+    body = _body(event)
+    deliveries = [
+        WebhookDelivery(
+            endpoint_id=endpoint.pk,
+            tenant_id=event.tenant_id,
+            event_id=event.id,
+            event_type=event.type,
+            message_id=new_message_id(),
+            body=body,
+        )
+        for endpoint in endpoints
+    ]
+    WebhookDelivery.objects.bulk_create(deliveries)
+    for delivery in deliveries:
+        delivery.scheduled_run_id = _schedule(delivery, delay=None)
+    WebhookDelivery.objects.bulk_update(deliveries, ["scheduled_run_id"])
+    return [delivery.pk for delivery in deliveries]
+
+
+def _body(event: RecordedEvent) -> str:
+    data: dict[str, Any] = {"event_id": event.id, **event.payload}
+    job_id = event.payload.get("job_id") if event.aggregate_type == "Job" else None
+    if isinstance(job_id, int):
+        job = job_get(tenant=event.tenant_id, job_id=job_id)
+        data["job"] = JobOutput(job).data if job is not None else None
+    body = {"type": event.type, "timestamp": event.occurred_at.isoformat(), "data": data}
+    return json.dumps(body, separators=(",", ":"), default=str)
+
+
+def _schedule(delivery: WebhookDelivery, *, delay: float | None) -> uuid.UUID:
+    return dispatch(
+        DELIVER_TASK, {"delivery_id": delivery.pk}, tenant=delivery.tenant_id, delay=delay
+    )
+
+
+# --- one attempt --------------------------------------------------------------------------
+
+
+class Outcome(StrEnum):
+    DELIVERED = "delivered"
+    RETRYING = "retrying"
+    FAILED = "failed"
+    # Not attempted: another run's business, the endpoint gone, or a slow receiver's turn.
+    STALE = "stale"
+    CANCELED = "canceled"
+    DEFERRED = "deferred"
+
+
+@dataclass(frozen=True)
+class _Request:
+    delivery_id: int
+    endpoint_id: int
+    url: str
+    body: str
+    message_id: str
+    secrets: list[str]
+    number: int
+
+
+def delivery_attempt(*, delivery_id: int, run_id: uuid.UUID) -> Outcome:
+    """Make the attempt that run ``run_id`` was scheduled for, and record what came of it."""
+    request = _begin(delivery_id, run_id)
+    if isinstance(request, Outcome):
+        return request
+    started_at = timezone.now()
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "HubDomMed-Webhooks/1",
+        **signed_headers(
+            message_id=request.message_id,
+            body=request.body,
+            secrets_in_use=request.secrets,
+            at=started_at,
+        ),
+    }
+    answer = transport.post(request.url, request.body.encode(), headers)
+    return _record(request, run_id, started_at, answer)
+
+
+@transaction.atomic
+def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
+    delivery = WebhookDelivery.objects.select_for_update().filter(pk=delivery_id).first()
+    if (
+        delivery is None
+        or delivery.status != DeliveryStatus.PENDING
+        or delivery.scheduled_run_id != run_id
+    ):
+        return Outcome.STALE
+    # Locked too: the slow-receiver guard below must not let two attempts in at once.
+    endpoint = WebhookEndpoint.objects.select_for_update().get(pk=delivery.endpoint_id)
+    now = timezone.now()
+    if not endpoint.is_active:
+        _finish(delivery, DeliveryStatus.FAILED, now, error="endpoint disabled")
+        delivery.save()
+        return Outcome.CANCELED
+    if _must_wait(endpoint, delivery, now):
+        delivery.scheduled_run_id = _schedule(delivery, delay=settings.WEBHOOK_DEFER_SECONDS)
+        delivery.next_attempt_at = now + timedelta(seconds=settings.WEBHOOK_DEFER_SECONDS)
+        delivery.save(update_fields=["scheduled_run_id", "next_attempt_at"])
+        return Outcome.DEFERRED
+    delivery.attempt_started_at = now
+    delivery.save(update_fields=["attempt_started_at"])
+    return _Request(
+        delivery_id=delivery.pk,
+        endpoint_id=endpoint.pk,
+        url=endpoint.url,
+        body=delivery.body,
+        message_id=delivery.message_id,
+        secrets=endpoint.signing_secrets(now),
+        number=delivery.attempts + 1,
+    )
+
+
+def _must_wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -> bool:
+    """Whether a slow or failing receiver already has an attempt in flight.
+
+    A healthy receiver takes as many attempts at once as the workers have slots; one that
+    is failing, or has an attempt running for longer than WEBHOOK_SLOW_SECONDS, takes one at
+    a time, so that it holds one worker slot at most and every other tenant's deliveries
+    keep theirs.
+    """
+    in_flight = WebhookDelivery.objects.filter(
+        endpoint_id=endpoint.pk,
+        # An attempt older than the request's whole budget died with its worker.
+        attempt_started_at__gt=now - timedelta(seconds=settings.WEBHOOK_TIMEOUT + 5),
+    ).exclude(pk=delivery.pk)
+    if endpoint.failing_since is None:
+        in_flight = in_flight.filter(
+            attempt_started_at__lt=now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS)
+        )
+    return in_flight.exists()
+
+
+def _record(
+    request: _Request, run_id: uuid.UUID, started_at: datetime, answer: transport.Answer
+) -> Outcome:
+    with transaction.atomic():
+        delivery = WebhookDelivery.objects.select_for_update().get(pk=request.delivery_id)
+        if delivery.status != DeliveryStatus.PENDING or delivery.scheduled_run_id != run_id:
+            return Outcome.STALE  # only an operator's hand gets here
+        endpoint = WebhookEndpoint.objects.select_for_update().get(pk=request.endpoint_id)
+        now = timezone.now()
+        WebhookAttempt.objects.create(
+            delivery=delivery,
+            number=request.number,
+            started_at=started_at,
+            status_code=answer.status_code,
+            latency_ms=answer.latency_ms,
+            error=answer.error[:EXCERPT_CHARS],
+            response_excerpt=answer.excerpt[:EXCERPT_CHARS],
+        )
+        delivery.attempts = request.number
+        delivery.attempt_started_at = None
+        delivery.last_status_code = answer.status_code
+        delivery.last_latency_ms = answer.latency_ms
+        delivery.last_error = answer.error[:EXCERPT_CHARS]
+
+        outcome = _classify(answer)
+        if outcome is Outcome.DELIVERED:
+            _finish(delivery, DeliveryStatus.DELIVERED, now)
+            endpoint.failing_since = None
+        else:
+            if outcome is Outcome.RETRYING:
+                delay = _retry_delay(request.number, answer)
+                if delay is None:
+                    outcome = Outcome.FAILED
+                else:
+                    delivery.scheduled_run_id = _schedule(delivery, delay=delay)
+                    delivery.next_attempt_at = now + timedelta(seconds=delay)
+            if outcome is Outcome.FAILED:
+                _finish(delivery, DeliveryStatus.FAILED, now)
+            _endpoint_failed(endpoint, now, answer)
+        delivery.save()
+        endpoint.save(
+            update_fields=[
+                "failing_since",
+                "status",
+                "disabled_reason",
+                "disabled_at",
+                "updated_at",
+            ]
+        )
+    logger.info(
+        "webhook %s attempt %d to endpoint %s: %s (%s, %d ms)",
+        request.message_id,
+        request.number,
+        request.endpoint_id,
+        outcome,
+        answer.status_code or answer.error,
+        answer.latency_ms,
+    )
+    return outcome
+
+
+def _classify(answer: transport.Answer) -> Outcome:
+    code = answer.status_code
+    if code is None:
+        # No answer: a timeout or a connection error is retried; a refused address is the
+        # hub's own rule, which no retry changes.
+        return Outcome.FAILED if answer.refused else Outcome.RETRYING
+    if 200 <= code < 300:
+        return Outcome.DELIVERED
+    if code == 429 or code >= 500:
+        return Outcome.RETRYING
+    return Outcome.FAILED
+
+
+def _retry_delay(attempt_number: int, answer: transport.Answer) -> float | None:
+    """Seconds before the next attempt, or None when the schedule is spent."""
+    delays = settings.WEBHOOK_RETRY_DELAYS
+    if attempt_number > len(delays):
+        return None
+    delay = delays[attempt_number - 1]
+    if answer.retry_after is not None:
+        # The receiver's own Retry-After, when longer, within the longest step.
+        delay = max(delay, min(answer.retry_after, max(delays)))
+    return delay
+
+
+def _finish(
+    delivery: WebhookDelivery, status: DeliveryStatus, now: datetime, *, error: str = ""
+) -> None:
+    delivery.status = status
+    delivery.finished_at = now
+    delivery.next_attempt_at = None
+    delivery.scheduled_run_id = None
+    delivery.attempt_started_at = None
+    if error:
+        delivery.last_error = error
+
+
+def _endpoint_failed(endpoint: WebhookEndpoint, now: datetime, answer: transport.Answer) -> None:
+    if endpoint.failing_since is None:
+        endpoint.failing_since = now
+        return
+    failing_for = now - endpoint.failing_since
+    if endpoint.is_active and failing_for >= timedelta(
+        seconds=settings.WEBHOOK_DISABLE_AFTER_SECONDS
+    ):
+        last = f"HTTP {answer.status_code}" if answer.status_code else answer.error
+        endpoint.disable(
+            reason=(
+                f"Every delivery failed for {failing_for.days} days and "
+                f"{failing_for.seconds // 3600} hours, since "
+                f"{endpoint.failing_since.isoformat(timespec='seconds')}; the last: {last}."
+            )
+        )
+        logger.warning("webhook endpoint %s disabled: %s", endpoint.pk, endpoint.disabled_reason)
