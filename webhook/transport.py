@@ -64,9 +64,9 @@ def address_allowed(address: str, *, allow_private: bool) -> bool:
         return address_allowed(str(embedded), allow_private=allow_private)
     if any(ip in network for network in METADATA_NETWORKS if network.version == ip.version):
         return False
-    if ip.is_multicast or ip.is_unspecified or ip.is_reserved:
+    if ip.is_multicast or ip.is_unspecified:
         return False
-    return ip.is_global or allow_private
+    return (ip.is_global and not ip.is_reserved) or allow_private
 
 
 def _embedded_ipv4(ip: ipaddress.IPv4Address | ipaddress.IPv6Address):
