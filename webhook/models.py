@@ -53,6 +53,9 @@ class WebhookEndpoint(models.Model):
     # Since when every attempt failed (null: the last one succeeded). The disabling rule and
     # the slow-receiver guard read it.
     failing_since = models.DateTimeField(null=True, blank=True)
+    # Whether the last attempt was delivered within WEBHOOK_SLOW_SECONDS. Only such an endpoint
+    # takes several attempts at once; a new, slow or failing one takes them one at a time.
+    answers_fast = models.BooleanField(default=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.PROTECT, related_name="+"
     )
@@ -117,6 +120,7 @@ class WebhookEndpoint(models.Model):
         self.disabled_reason = ""
         self.disabled_at = None
         self.failing_since = None
+        self.answers_fast = False
         self.updated_at = timezone.now()
 
     def _ensure_active(self, what: str) -> None:

@@ -90,7 +90,7 @@ def endpoint_create(
 
 def _locked(tenant: Any, endpoint_id: int) -> WebhookEndpoint:
     endpoint = (
-        WebhookEndpoint.objects.select_for_update()
+        WebhookEndpoint.objects.select_for_update(no_key=True)
         .filter(tenant_id=getattr(tenant, "pk", tenant), pk=endpoint_id)
         .first()
     )
@@ -250,7 +250,7 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
     ):
         return Outcome.STALE
     # Locked too: the slow-receiver guard below must not let two attempts in at once.
-    endpoint = WebhookEndpoint.objects.select_for_update().get(pk=delivery.endpoint_id)
+    endpoint = WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=delivery.endpoint_id)
     now = timezone.now()
     if not endpoint.is_active:
         _finish(delivery, DeliveryStatus.FAILED, now, error="endpoint disabled")
@@ -275,19 +275,19 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
 
 
 def _must_wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -> bool:
-    """Whether a slow or failing receiver already has an attempt in flight.
+    """Whether this receiver must wait for its attempt in flight to end first.
 
-    A healthy receiver takes as many attempts at once as the workers have slots; one that
-    is failing, or has an attempt running for longer than WEBHOOK_SLOW_SECONDS, takes one at
-    a time, so that it holds one worker slot at most and every other tenant's deliveries
-    keep theirs.
+    A receiver whose last attempt was delivered fast takes as many attempts at once as the
+    workers have slots, until one of them runs past WEBHOOK_SLOW_SECONDS. Any other receiver
+    (new, slow, failing) takes one at a time. So a receiver that never answers holds one
+    worker slot, and every other tenant's deliveries keep the rest.
     """
     in_flight = WebhookDelivery.objects.filter(
         endpoint_id=endpoint.pk,
         # An attempt older than the request's whole budget died with its worker.
         attempt_started_at__gt=now - timedelta(seconds=settings.WEBHOOK_TIMEOUT + 5),
     ).exclude(pk=delivery.pk)
-    if endpoint.failing_since is None:
+    if endpoint.answers_fast:
         in_flight = in_flight.filter(
             attempt_started_at__lt=now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS)
         )
@@ -301,7 +301,9 @@ def _record(
         delivery = WebhookDelivery.objects.select_for_update().get(pk=request.delivery_id)
         if delivery.status != DeliveryStatus.PENDING or delivery.scheduled_run_id != run_id:
             return Outcome.STALE  # only an operator's hand gets here
-        endpoint = WebhookEndpoint.objects.select_for_update().get(pk=request.endpoint_id)
+        endpoint = WebhookEndpoint.objects.select_for_update(no_key=True).get(
+            pk=request.endpoint_id
+        )
         now = timezone.now()
         WebhookAttempt.objects.create(
             delivery=delivery,
@@ -319,6 +321,10 @@ def _record(
         delivery.last_error = answer.error[:EXCERPT_CHARS]
 
         outcome = _classify(answer)
+        endpoint.answers_fast = (
+            outcome is Outcome.DELIVERED
+            and answer.latency_ms < settings.WEBHOOK_SLOW_SECONDS * 1000
+        )
         if outcome is Outcome.DELIVERED:
             _finish(delivery, DeliveryStatus.DELIVERED, now)
             endpoint.failing_since = None
@@ -337,6 +343,7 @@ def _record(
         endpoint.save(
             update_fields=[
                 "failing_since",
+                "answers_fast",
                 "status",
                 "disabled_reason",
                 "disabled_at",

@@ -33,6 +33,7 @@ from schemathesis.checks import (
 )
 
 from hubdommed.wsgi import application
+from webhook.services import endpoint_create
 from tests.factories import (
     AutomationWithWorkerFactory,
     JobFactory,
@@ -114,6 +115,12 @@ def seeded(settings) -> Seeded:
     automation = AutomationWithWorkerFactory(sector=sector, max_concurrency=5)
     pending = JobFactory(tenant=tenant, automation=automation, requested_by=member)
     running = RunningJobFactory(tenant=tenant, automation=automation, requested_by=member)
+    endpoint = endpoint_create(
+        tenant=tenant,
+        url="https://hooks.example.com/hub",
+        event_types=["JobCompleted"],
+        actor=manager,
+    )
     return Seeded(
         headers={
             "anonymous": {},
@@ -128,6 +135,7 @@ def seeded(settings) -> Seeded:
             "sector_id": sector.pk,
             "automation_id": automation.pk,
             "job_id": pending.pk,
+            "endpoint_id": endpoint.pk,
             "tenant": tenant.pk,
             "sector": sector.pk,
             "automation": automation.pk,

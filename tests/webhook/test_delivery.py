@@ -347,3 +347,21 @@ def test_the_body_is_the_same_json_on_every_attempt(receiver, make_endpoint, ten
     one, two = receiver.requests()
     assert one.body == two.body
     assert json.loads(one.body)["type"] == "JobCompleted"
+
+
+def test_an_endpoint_answering_fast_is_marked_so_and_a_slow_answer_clears_it(
+    receiver, make_endpoint, tenant, settings
+):
+    settings.WEBHOOK_SLOW_SECONDS = 0.2
+    endpoint = make_endpoint(receiver.url)
+    assert not endpoint.answers_fast
+    complete_a_job(tenant)
+    run_due_attempts()
+    endpoint.refresh_from_db()
+    assert endpoint.answers_fast
+
+    receiver.script(Reply(delay=0.3))  # delivered, but slower than the mark
+    complete_a_job(tenant)
+    run_due_attempts()
+    endpoint.refresh_from_db()
+    assert not endpoint.answers_fast

@@ -66,8 +66,21 @@ def test_a_failing_receiver_gets_one_attempt_at_a_time(receiver, make_endpoint, 
     assert deferred.status == WebhookDelivery.Status.PENDING
 
 
-def test_a_healthy_receiver_takes_attempts_at_once(receiver, make_endpoint, tenant):
+def test_a_new_receiver_gets_one_attempt_at_a_time(receiver, make_endpoint, tenant):
     _endpoint, deliveries = two_deliveries(make_endpoint, tenant, receiver.url)
+    receiver.default = Reply(delay=5.0)  # it has not answered yet, fast or at all
+    results: dict[int, Outcome] = {}
+    start = threading.Barrier(2)
+    threads = [attempt_in_thread(d, results, start) for d in deliveries]
+    for thread in threads:
+        thread.join(10)
+    assert sorted(results.values()) == sorted([Outcome.DEFERRED, Outcome.RETRYING])
+    assert len(receiver.requests()) == 1
+
+
+def test_a_receiver_that_answered_fast_takes_attempts_at_once(receiver, make_endpoint, tenant):
+    endpoint, deliveries = two_deliveries(make_endpoint, tenant, receiver.url)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=True)
     inside = threading.Barrier(2, timeout=5)
     # Each request waits until both are inside the receiver: only parallel attempts pass.
     receiver.default = Reply(delay=0)
@@ -90,7 +103,8 @@ def test_a_receiver_slower_than_the_slow_mark_gets_one_attempt_at_a_time(
     receiver, make_endpoint, tenant, settings
 ):
     settings.WEBHOOK_SLOW_SECONDS = 0.1
-    _endpoint, (first, second) = two_deliveries(make_endpoint, tenant, receiver.url)
+    endpoint, (first, second) = two_deliveries(make_endpoint, tenant, receiver.url)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=True)
     receiver.default = Reply(delay=5.0)
     results: dict[int, Outcome] = {}
     thread = attempt_in_thread(first, results, threading.Barrier(1))
