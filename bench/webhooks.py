@@ -171,6 +171,12 @@ def throughput(tenancies: list[Tenancy], count: int) -> None:
         raise SystemExit("not every delivery arrived within 10 minutes")
     last = max(t.receiver.arrivals[event_id] for t, event_id in expected)
     elapsed = last - committed
+    event_ids = [event_id for _, event_id in expected]
+    # The attempt is recorded just after the receiver answered.
+    wait_for(
+        lambda: WebhookAttempt.objects.filter(delivery__event_id__in=event_ids).count() >= count,
+        timeout=30,
+    )
     latencies = list(
         WebhookAttempt.objects.filter(
             delivery__endpoint__in=[t.endpoint for t in tenancies],

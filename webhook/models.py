@@ -53,6 +53,11 @@ class WebhookEndpoint(models.Model):
     # Since when every attempt failed (null: the last one succeeded). The disabling rule and
     # the slow-receiver guard read it.
     failing_since = models.DateTimeField(null=True, blank=True)
+    # Failed attempts in a row, and until when the endpoint rests after the last of them:
+    # its deliveries wait for the end of the rest instead of each trying (and timing out)
+    # on its own.
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    resting_until = models.DateTimeField(null=True, blank=True)
     # Whether the last attempt was delivered within WEBHOOK_SLOW_SECONDS. Only such an endpoint
     # takes several attempts at once; a new, slow or failing one takes them one at a time.
     answers_fast = models.BooleanField(default=False)
@@ -121,6 +126,8 @@ class WebhookEndpoint(models.Model):
         self.disabled_at = None
         self.failing_since = None
         self.answers_fast = False
+        self.consecutive_failures = 0
+        self.resting_until = None
         self.updated_at = timezone.now()
 
     def _ensure_active(self, what: str) -> None:

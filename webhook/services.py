@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -256,9 +257,10 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
         _finish(delivery, DeliveryStatus.FAILED, now, error="endpoint disabled")
         delivery.save()
         return Outcome.CANCELED
-    if _must_wait(endpoint, delivery, now):
-        delivery.scheduled_run_id = _schedule(delivery, delay=settings.WEBHOOK_DEFER_SECONDS)
-        delivery.next_attempt_at = now + timedelta(seconds=settings.WEBHOOK_DEFER_SECONDS)
+    wait = _wait(endpoint, delivery, now)
+    if wait is not None:
+        delivery.scheduled_run_id = _schedule(delivery, delay=wait)
+        delivery.next_attempt_at = now + timedelta(seconds=wait)
         delivery.save(update_fields=["scheduled_run_id", "next_attempt_at"])
         return Outcome.DEFERRED
     delivery.attempt_started_at = now
@@ -274,14 +276,22 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
     )
 
 
-def _must_wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -> bool:
-    """Whether this receiver must wait for its attempt in flight to end first.
+def _wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -> float | None:
+    """Seconds this attempt must wait, not counted as an attempt (None: go ahead).
 
-    A receiver whose last attempt was delivered fast takes as many attempts at once as the
-    workers have slots, until one of them runs past WEBHOOK_SLOW_SECONDS. Any other receiver
-    (new, slow, failing) takes one at a time. So a receiver that never answers holds one
-    worker slot, and every other tenant's deliveries keep the rest.
+    - A first attempt, while the endpoint rests after a failure: until the end of the rest
+      (the retry delay of its failures in a row), spread a little, so that a dead
+      receiver's new deliveries cost one deferral per rest, not one attempt (and its
+      timeout) each. Retries keep their own schedule.
+    - A receiver whose last attempt was delivered fast takes as many attempts at once as the
+      workers have slots, until one of them runs past WEBHOOK_SLOW_SECONDS. Any other
+      receiver (new, slow, failing) takes one at a time. So a receiver that never answers
+      holds one worker slot, and every other tenant's deliveries keep the rest.
     """
+    resting = endpoint.resting_until is not None and now < endpoint.resting_until
+    if resting and delivery.attempts == 0:
+        rest = (endpoint.resting_until - now).total_seconds()
+        return rest + random.uniform(0, min(rest, 10.0) / 2)
     in_flight = WebhookDelivery.objects.filter(
         endpoint_id=endpoint.pk,
         # An attempt older than the request's whole budget died with its worker.
@@ -291,7 +301,7 @@ def _must_wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: dateti
         in_flight = in_flight.filter(
             attempt_started_at__lt=now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS)
         )
-    return in_flight.exists()
+    return settings.WEBHOOK_DEFER_SECONDS if in_flight.exists() else None
 
 
 def _record(
@@ -328,6 +338,8 @@ def _record(
         if outcome is Outcome.DELIVERED:
             _finish(delivery, DeliveryStatus.DELIVERED, now)
             endpoint.failing_since = None
+            endpoint.consecutive_failures = 0
+            endpoint.resting_until = None
         else:
             if outcome is Outcome.RETRYING:
                 delay = _retry_delay(request.number, answer)
@@ -344,6 +356,8 @@ def _record(
             update_fields=[
                 "failing_since",
                 "answers_fast",
+                "consecutive_failures",
+                "resting_until",
                 "status",
                 "disabled_reason",
                 "disabled_at",
@@ -400,6 +414,12 @@ def _finish(
 
 
 def _endpoint_failed(endpoint: WebhookEndpoint, now: datetime, answer: transport.Answer) -> None:
+    if not answer.refused:
+        # The hub's own refusal (an address) says nothing of the receiver's health.
+        endpoint.consecutive_failures += 1
+        delays = settings.WEBHOOK_RETRY_DELAYS
+        rest = delays[min(endpoint.consecutive_failures, len(delays)) - 1]
+        endpoint.resting_until = now + timedelta(seconds=rest)
     if endpoint.failing_since is None:
         endpoint.failing_since = now
         return

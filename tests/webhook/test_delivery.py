@@ -365,3 +365,23 @@ def test_an_endpoint_answering_fast_is_marked_so_and_a_slow_answer_clears_it(
     run_due_attempts()
     endpoint.refresh_from_db()
     assert not endpoint.answers_fast
+
+
+def test_new_deliveries_wait_while_a_failing_endpoint_rests(receiver, make_endpoint, tenant):
+    endpoint = make_endpoint(receiver.url)
+    receiver.default = Reply(status=503)
+    complete_a_job(tenant)
+    run_due_attempts()
+    endpoint.refresh_from_db()
+    assert endpoint.consecutive_failures == 1
+    assert endpoint.resting_until > timezone.now()
+
+    complete_a_job(tenant)
+    newest = WebhookDelivery.objects.filter(endpoint=endpoint).latest("id")
+    (row,) = [r for r in due_deliver_runs() if r.envelope["payload"]["delivery_id"] == newest.pk]
+    run_attempt(row)
+
+    newest.refresh_from_db()
+    assert newest.attempts == 0 and newest.status == WebhookDelivery.Status.PENDING
+    assert newest.next_attempt_at >= endpoint.resting_until
+    assert len(receiver.requests()) == 1  # only the first delivery's attempt
