@@ -314,6 +314,7 @@ def _record(
         endpoint = WebhookEndpoint.objects.select_for_update(no_key=True).get(
             pk=request.endpoint_id
         )
+        health_before = _health(endpoint)
         now = timezone.now()
         WebhookAttempt.objects.create(
             delivery=delivery,
@@ -352,18 +353,9 @@ def _record(
                 _finish(delivery, DeliveryStatus.FAILED, now)
             _endpoint_failed(endpoint, now, answer)
         delivery.save()
-        endpoint.save(
-            update_fields=[
-                "failing_since",
-                "answers_fast",
-                "consecutive_failures",
-                "resting_until",
-                "status",
-                "disabled_reason",
-                "disabled_at",
-                "updated_at",
-            ]
-        )
+        if _health(endpoint) != health_before:
+            # Written only when it changed: a healthy receiver's attempts write no endpoint row.
+            endpoint.save(update_fields=_HEALTH_FIELDS)
     logger.info(
         "webhook %s attempt %d to endpoint %s: %s (%s, %d ms)",
         request.message_id,
@@ -374,6 +366,22 @@ def _record(
         answer.latency_ms,
     )
     return outcome
+
+
+_HEALTH_FIELDS = [
+    "failing_since",
+    "answers_fast",
+    "consecutive_failures",
+    "resting_until",
+    "status",
+    "disabled_reason",
+    "disabled_at",
+    "updated_at",
+]
+
+
+def _health(endpoint: WebhookEndpoint) -> tuple:
+    return tuple(getattr(endpoint, name) for name in _HEALTH_FIELDS)
 
 
 def _classify(answer: transport.Answer) -> Outcome:
