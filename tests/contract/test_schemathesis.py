@@ -33,7 +33,6 @@ from schemathesis.checks import (
 )
 
 from hubdommed.wsgi import application
-from webhook.services import endpoint_create
 from tests.factories import (
     AutomationWithWorkerFactory,
     JobFactory,
@@ -45,6 +44,7 @@ from tests.factories import (
     UserFactory,
     bearer,
 )
+from webhook.services import endpoint_create
 
 pytestmark = pytest.mark.django_db
 
