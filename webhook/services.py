@@ -292,16 +292,28 @@ def _wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -
     if resting and delivery.attempts == 0:
         rest = (endpoint.resting_until - now).total_seconds()
         return rest + random.uniform(0, min(rest, 10.0) / 2)
+    budget = timedelta(seconds=settings.WEBHOOK_TIMEOUT + 5)
     in_flight = WebhookDelivery.objects.filter(
         endpoint_id=endpoint.pk,
         # An attempt older than the request's whole budget died with its worker.
-        attempt_started_at__gt=now - timedelta(seconds=settings.WEBHOOK_TIMEOUT + 5),
+        attempt_started_at__gt=now - budget,
     ).exclude(pk=delivery.pk)
     if endpoint.answers_fast:
         in_flight = in_flight.filter(
             attempt_started_at__lt=now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS)
         )
-    return settings.WEBHOOK_DEFER_SECONDS if in_flight.exists() else None
+    started = in_flight.order_by("attempt_started_at").values_list("attempt_started_at", flat=True)
+    oldest = started.first()
+    if oldest is None:
+        return None
+    if endpoint.failing_since is not None:
+        # A failing receiver's attempt in flight is likely to time out: come back when its
+        # budget ends, not every few seconds until then.
+        return max(
+            settings.WEBHOOK_DEFER_SECONDS,
+            (oldest + budget - now).total_seconds() + random.uniform(0, 1),
+        )
+    return settings.WEBHOOK_DEFER_SECONDS
 
 
 def _record(
