@@ -250,14 +250,23 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
         or delivery.scheduled_run_id != run_id
     ):
         return Outcome.STALE
-    # Locked too: the slow-receiver guard below must not let two attempts in at once.
-    endpoint = WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=delivery.endpoint_id)
+    endpoint = WebhookEndpoint.objects.get(pk=delivery.endpoint_id)
     now = timezone.now()
     if not endpoint.is_active:
         _finish(delivery, DeliveryStatus.FAILED, now, error="endpoint disabled")
         delivery.save()
         return Outcome.CANCELED
     wait = _wait(endpoint, delivery, now)
+    if wait is None and not endpoint.answers_fast:
+        # One attempt at a time: the endpoint's row is the token. Another delivery holding it
+        # is starting an attempt right now, so this one waits, without queueing on the lock
+        # (a dead receiver's backlog coming back at once would hold every worker slot).
+        locked = (
+            WebhookEndpoint.objects.select_for_update(no_key=True, skip_locked=True)
+            .filter(pk=endpoint.pk)
+            .first()
+        )
+        wait = settings.WEBHOOK_DEFER_SECONDS if locked is None else _wait(locked, delivery, now)
     if wait is not None:
         delivery.scheduled_run_id = _schedule(delivery, delay=wait)
         delivery.next_attempt_at = now + timedelta(seconds=wait)

@@ -169,3 +169,33 @@ def test_end_to_end_through_the_relay_and_the_worker(broker_names, receiver, mak
     assert delivered.attempts == 3
     assert due_deliver_runs() == []
     assert worker.error is None and relay.error is None
+
+
+def test_an_attempt_never_queues_behind_another_starting_for_the_same_receiver(
+    receiver, make_endpoint, tenant
+):
+    endpoint, (delivery, _other) = two_deliveries(make_endpoint, tenant, receiver.url)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_endpoint():
+        # What a delivery starting its attempt does, for as long as the test says.
+        from django.db import transaction
+
+        try:
+            with transaction.atomic():
+                WebhookEndpoint.objects.select_for_update(no_key=True).get(pk=endpoint.pk)
+                holding.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_endpoint)
+    holder.start()
+    try:
+        assert holding.wait(5)
+        outcome = delivery_attempt(delivery_id=delivery.pk, run_id=delivery.scheduled_run_id)
+    finally:
+        release.set()
+        holder.join(10)
+    assert outcome == Outcome.DEFERRED
+    assert receiver.requests() == []
