@@ -53,11 +53,6 @@ class WebhookEndpoint(models.Model):
     # Since when every attempt failed (null: the last one succeeded). The disabling rule and
     # the slow-receiver guard read it.
     failing_since = models.DateTimeField(null=True, blank=True)
-    # Failed attempts in a row, and until when the endpoint rests after the last of them:
-    # its deliveries wait for the end of the rest instead of each trying (and timing out)
-    # on its own.
-    consecutive_failures = models.PositiveIntegerField(default=0)
-    resting_until = models.DateTimeField(null=True, blank=True)
     # Whether the last attempt was delivered within WEBHOOK_SLOW_SECONDS. Only such an endpoint
     # takes several attempts at once; a new, slow or failing one takes them one at a time.
     answers_fast = models.BooleanField(default=False)
@@ -126,8 +121,6 @@ class WebhookEndpoint(models.Model):
         self.disabled_at = None
         self.failing_since = None
         self.answers_fast = False
-        self.consecutive_failures = 0
-        self.resting_until = None
         self.updated_at = timezone.now()
 
     def _ensure_active(self, what: str) -> None:
@@ -154,7 +147,8 @@ class WebhookDelivery(models.Model):
     status = models.TextField(choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)
     # The outbox run that may make the next attempt: a run with another id is stale (a
-    # duplicate, or superseded by a deferral) and does nothing.
+    # duplicate, or superseded by a deferral) and does nothing. Null while pending: parked,
+    # a new delivery of a failing endpoint, waiting for the endpoint's next success.
     scheduled_run_id = models.UUIDField(null=True, blank=True)
     # Set while an attempt is in flight; the slow-receiver guard counts these.
     attempt_started_at = models.DateTimeField(null=True, blank=True)
@@ -181,6 +175,12 @@ class WebhookDelivery(models.Model):
             # The API's list of an endpoint's recent deliveries, newest first.
             models.Index(
                 fields=["endpoint", "-created_at", "-id"], name="webhook_deliveries_recent_idx"
+            ),
+            # A failing endpoint's parked deliveries, taken up again when it answers.
+            models.Index(
+                fields=["endpoint", "id"],
+                condition=Q(status="pending", scheduled_run_id__isnull=True),
+                name="webhook_deliveries_parked_idx",
             ),
             # The slow-receiver guard: an endpoint's attempts in flight.
             models.Index(

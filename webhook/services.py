@@ -37,6 +37,9 @@ DELIVER_TASK = "webhook.deliver"
 URL_MAX_LENGTH = 2048
 # Characters of a receiver's answer kept with the attempt.
 EXCERPT_CHARS = 1024
+# Parked deliveries taken up per success of their endpoint, and seconds between them.
+UNPARK_BATCH = 100
+UNPARK_SPACING = 0.05
 
 
 # --- endpoints ----------------------------------------------------------------------------
@@ -134,6 +137,7 @@ def endpoint_disable(
     endpoint = _locked(tenant, endpoint_id)
     endpoint.disable(reason=reason or "Disabled by a manager.")
     endpoint.save()
+    _cancel_parked(endpoint, endpoint.disabled_at)
     return endpoint
 
 
@@ -158,7 +162,7 @@ def deliveries_record(event: RecordedEvent) -> list[int]:
             tenant_id=event.tenant_id,
             status=WebhookEndpoint.Status.ACTIVE,
             event_types__contains=[event.type],
-        ).only("id")
+        ).only("id", "failing_since")
     )
     if not endpoints:
         return []
@@ -175,9 +179,12 @@ def deliveries_record(event: RecordedEvent) -> list[int]:
         for endpoint in endpoints
     ]
     WebhookDelivery.objects.bulk_create(deliveries)
-    for delivery in deliveries:
+    failing = {endpoint.pk for endpoint in endpoints if endpoint.failing_since is not None}
+    scheduled = [delivery for delivery in deliveries if delivery.endpoint_id not in failing]
+    for delivery in scheduled:
         delivery.scheduled_run_id = _schedule(delivery, delay=None)
-    WebhookDelivery.objects.bulk_update(deliveries, ["scheduled_run_id"])
+    # A failing endpoint's new deliveries are parked: its next success takes them up.
+    WebhookDelivery.objects.bulk_update(scheduled, ["scheduled_run_id"])
     return [delivery.pk for delivery in deliveries]
 
 
@@ -208,6 +215,7 @@ class Outcome(StrEnum):
     STALE = "stale"
     CANCELED = "canceled"
     DEFERRED = "deferred"
+    PARKED = "parked"
 
 
 @dataclass(frozen=True)
@@ -256,6 +264,19 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
         _finish(delivery, DeliveryStatus.FAILED, now, error="endpoint disabled")
         delivery.save()
         return Outcome.CANCELED
+    if (
+        endpoint.failing_since is not None
+        and delivery.attempts == 0
+        and delivery.created_at <= endpoint.failing_since
+    ):
+        # Scheduled before its endpoint began to fail: its first attempt would most likely
+        # fail too (and hold a slot until it timed out). It waits for the endpoint's next
+        # success, which the retries are there to find, like the deliveries born since
+        # (parked from the start; one running now was taken up on purpose).
+        delivery.scheduled_run_id = None
+        delivery.next_attempt_at = None
+        delivery.save(update_fields=["scheduled_run_id", "next_attempt_at"])
+        return Outcome.PARKED
     wait = _wait(endpoint, delivery, now)
     if wait is None and not endpoint.answers_fast:
         # One attempt at a time: the endpoint's row is the token. Another delivery holding it
@@ -288,19 +309,12 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
 def _wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -> float | None:
     """Seconds this attempt must wait, not counted as an attempt (None: go ahead).
 
-    - A first attempt, while the endpoint rests after a failure: until the end of the rest
-      (the retry delay of its failures in a row), spread a little, so that a dead
-      receiver's new deliveries cost one deferral per rest, not one attempt (and its
-      timeout) each. Retries keep their own schedule.
-    - A receiver whose last attempt was delivered fast takes as many attempts at once as the
-      workers have slots, until one of them runs past WEBHOOK_SLOW_SECONDS. Any other
-      receiver (new, slow, failing) takes one at a time. So a receiver that never answers
-      holds one worker slot, and every other tenant's deliveries keep the rest.
+    (A failing endpoint's new deliveries do not get here: they are parked until it answers.)
+    A receiver whose last attempt was delivered fast takes as many attempts at once as the
+    workers have slots, until one of them runs past WEBHOOK_SLOW_SECONDS. Any other
+    receiver (new, slow, failing) takes one at a time. So a receiver that never answers
+    holds one worker slot, and every other tenant's deliveries keep the rest.
     """
-    resting = endpoint.resting_until is not None and now < endpoint.resting_until
-    if resting and delivery.attempts == 0:
-        rest = (endpoint.resting_until - now).total_seconds()
-        return rest + random.uniform(0, min(rest, 10.0) / 2)
     budget = timedelta(seconds=settings.WEBHOOK_TIMEOUT + 5)
     in_flight = WebhookDelivery.objects.filter(
         endpoint_id=endpoint.pk,
@@ -320,7 +334,7 @@ def _wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -
         # budget ends, not every few seconds until then.
         return max(
             settings.WEBHOOK_DEFER_SECONDS,
-            (oldest + budget - now).total_seconds() + random.uniform(0, 1),
+            (oldest + budget - now).total_seconds() + random.uniform(0, 5),
         )
     return settings.WEBHOOK_DEFER_SECONDS
 
@@ -360,8 +374,7 @@ def _record(
         if outcome is Outcome.DELIVERED:
             _finish(delivery, DeliveryStatus.DELIVERED, now)
             endpoint.failing_since = None
-            endpoint.consecutive_failures = 0
-            endpoint.resting_until = None
+            _unpark(endpoint, UNPARK_BATCH)
         else:
             if outcome is Outcome.RETRYING:
                 delay = _retry_delay(request.number, answer)
@@ -372,6 +385,9 @@ def _record(
                     delivery.next_attempt_at = now + timedelta(seconds=delay)
             if outcome is Outcome.FAILED:
                 _finish(delivery, DeliveryStatus.FAILED, now)
+                # The next parked delivery becomes the one whose attempts look for the
+                # endpoint's recovery.
+                _unpark(endpoint, 1)
             _endpoint_failed(endpoint, now, answer)
         delivery.save()
         if _health(endpoint) != health_before:
@@ -392,8 +408,6 @@ def _record(
 _HEALTH_FIELDS = [
     "failing_since",
     "answers_fast",
-    "consecutive_failures",
-    "resting_until",
     "status",
     "disabled_reason",
     "disabled_at",
@@ -442,13 +456,29 @@ def _finish(
         delivery.last_error = error
 
 
+def _unpark(endpoint: WebhookEndpoint, limit: int) -> int:
+    """Schedule up to ``limit`` parked deliveries of the endpoint, oldest first, spread
+    over a moment so that they do not all arrive at once."""
+    parked = list(
+        WebhookDelivery.objects.select_for_update(skip_locked=True)
+        .filter(endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=True)
+        .order_by("id")[:limit]
+    )
+    for position, delivery in enumerate(parked):
+        delay = position * UNPARK_SPACING
+        delivery.scheduled_run_id = _schedule(delivery, delay=delay or None)
+        delivery.next_attempt_at = timezone.now() + timedelta(seconds=delay)
+    WebhookDelivery.objects.bulk_update(parked, ["scheduled_run_id", "next_attempt_at"])
+    return len(parked)
+
+
+def _cancel_parked(endpoint: WebhookEndpoint, now: datetime) -> None:
+    WebhookDelivery.objects.filter(
+        endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=True
+    ).update(status=DeliveryStatus.FAILED, finished_at=now, last_error="endpoint disabled")
+
+
 def _endpoint_failed(endpoint: WebhookEndpoint, now: datetime, answer: transport.Answer) -> None:
-    if not answer.refused:
-        # The hub's own refusal (an address) says nothing of the receiver's health.
-        endpoint.consecutive_failures += 1
-        delays = settings.WEBHOOK_RETRY_DELAYS
-        rest = delays[min(endpoint.consecutive_failures, len(delays)) - 1]
-        endpoint.resting_until = now + timedelta(seconds=rest)
     if endpoint.failing_since is None:
         endpoint.failing_since = now
         return
@@ -464,4 +494,5 @@ def _endpoint_failed(endpoint: WebhookEndpoint, now: datetime, answer: transport
                 f"{endpoint.failing_since.isoformat(timespec='seconds')}; the last: {last}."
             )
         )
+        _cancel_parked(endpoint, now)
         logger.warning("webhook endpoint %s disabled: %s", endpoint.pk, endpoint.disabled_reason)

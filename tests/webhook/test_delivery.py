@@ -367,21 +367,58 @@ def test_an_endpoint_answering_fast_is_marked_so_and_a_slow_answer_clears_it(
     assert not endpoint.answers_fast
 
 
-def test_new_deliveries_wait_while_a_failing_endpoint_rests(receiver, make_endpoint, tenant):
+def test_a_failing_endpoints_new_deliveries_wait_for_its_next_success(
+    receiver, make_endpoint, tenant
+):
+    endpoint = make_endpoint(receiver.url)
+    receiver.script(Reply(status=503))
+    complete_a_job(tenant)
+    run_due_attempts()  # fails: the endpoint is failing, its delivery retries
+
+    complete_a_job(tenant)
+    complete_a_job(tenant)
+    parked = list(WebhookDelivery.objects.filter(endpoint=endpoint, attempts=0))
+    assert len(parked) == 2
+    # No run of their own: nothing tries (and times out) while the endpoint fails.
+    assert all(d.scheduled_run_id is None for d in parked)
+    assert len(due_deliver_runs()) == 1
+
+    run_due_attempts()  # the retry succeeds, and takes the parked deliveries up
+    run_due_attempts()
+
+    assert len(receiver.requests()) == 4
+    assert set(WebhookDelivery.objects.values_list("status", flat=True)) == {"delivered"}
+
+
+def test_parked_deliveries_end_when_their_endpoint_is_disabled(
+    receiver, make_endpoint, tenant, manager
+):
+    from webhook.services import endpoint_disable
+
+    endpoint = make_endpoint(receiver.url)
+    receiver.script(Reply(status=503))
+    complete_a_job(tenant)
+    run_due_attempts()
+    complete_a_job(tenant)
+    endpoint_disable(tenant=tenant, endpoint_id=endpoint.pk, actor=manager)
+    parked = WebhookDelivery.objects.get(endpoint=endpoint, attempts=0)
+    assert parked.status == "failed" and parked.last_error == "endpoint disabled"
+
+
+def test_a_final_failure_hands_the_search_to_a_parked_delivery(
+    receiver, make_endpoint, tenant, settings
+):
+    settings.WEBHOOK_RETRY_DELAYS = [1.0]
     endpoint = make_endpoint(receiver.url)
     receiver.default = Reply(status=503)
     complete_a_job(tenant)
     run_due_attempts()
-    endpoint.refresh_from_db()
-    assert endpoint.consecutive_failures == 1
-    assert endpoint.resting_until > timezone.now()
-
-    complete_a_job(tenant)
-    newest = WebhookDelivery.objects.filter(endpoint=endpoint).latest("id")
-    (row,) = [r for r in due_deliver_runs() if r.envelope["payload"]["delivery_id"] == newest.pk]
-    run_attempt(row)
-
-    newest.refresh_from_db()
-    assert newest.attempts == 0 and newest.status == WebhookDelivery.Status.PENDING
-    assert newest.next_attempt_at >= endpoint.resting_until
-    assert len(receiver.requests()) == 1  # only the first delivery's attempt
+    complete_a_job(tenant)  # parked
+    run_due_attempts()  # the first delivery's last retry fails: the parked one is scheduled
+    first, second = WebhookDelivery.objects.filter(endpoint=endpoint).order_by("id")
+    assert first.status == "failed"
+    assert second.scheduled_run_id is not None
+    receiver.default = Reply(status=200)
+    run_due_attempts()
+    second.refresh_from_db()
+    assert second.status == "delivered"
