@@ -108,8 +108,13 @@ def endpoint_update(
     *, tenant: Any, endpoint_id: int, data: dict[str, Any], actor: Any
 ) -> WebhookEndpoint:
     endpoint = _locked(tenant, endpoint_id)
-    if "url" in data:
+    if "url" in data and validated_url(data["url"]) != endpoint.url:
         endpoint.url = validated_url(data["url"])
+        # A new address: what was learnt of the old one's health no longer holds, and the
+        # deliveries parked while it failed try the new one.
+        endpoint.failing_since = None
+        endpoint.answers_fast = False
+        _unpark(endpoint, UNPARK_BATCH)
     if "event_types" in data:
         endpoint.event_types = validated_event_types(data["event_types"])
     if "description" in data:

@@ -422,3 +422,22 @@ def test_a_final_failure_hands_the_search_to_a_parked_delivery(
     run_due_attempts()
     second.refresh_from_db()
     assert second.status == "delivered"
+
+
+def test_a_new_url_takes_up_the_deliveries_parked_while_the_old_one_failed(
+    receiver, make_endpoint, tenant, manager
+):
+    from webhook.services import endpoint_update
+
+    endpoint = make_endpoint(receiver.url + "/old")
+    receiver.script(Reply(status=503))
+    complete_a_job(tenant)
+    run_due_attempts()
+    complete_a_job(tenant)  # parked
+
+    endpoint_update(
+        tenant=tenant, endpoint_id=endpoint.pk, data={"url": receiver.url + "/new"}, actor=manager
+    )
+    run_due_attempts()
+
+    assert sorted(r.path for r in receiver.requests()) == ["/hooks/new", "/hooks/new", "/hooks/old"]
