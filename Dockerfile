@@ -24,7 +24,11 @@ USER hubdommed
 ENV DEBUG=false PORT=8000
 EXPOSE 8000
 
-HEALTHCHECK --interval=15s --timeout=5s --start-period=20s \
-    CMD python -c "import urllib.request,os; urllib.request.urlopen(f'http://127.0.0.1:{os.environ[\"PORT\"]}/health/live', timeout=4)"
+# One check for every role: a daemon (LIVENESS_FILE set) is healthy while its loop touches
+# the file, the API while /health/ready answers 200. compose.yaml says it per service.
+HEALTHCHECK --interval=15s --timeout=12s --start-period=30s \
+    CMD ["python", "scripts/healthcheck.py"]
 
-CMD ["sh", "-c", "exec gunicorn hubdommed.wsgi:application --bind 0.0.0.0:${PORT} --workers ${WEB_CONCURRENCY:-2} --access-logfile -"]
+# The API: gunicorn's workers add up their metrics in PROMETHEUS_MULTIPROC_DIR (the API's
+# alone; the daemons keep theirs in memory), emptied at start.
+CMD ["sh", "-c", "export PROMETHEUS_MULTIPROC_DIR=${PROMETHEUS_MULTIPROC_DIR:-/tmp/prometheus} && rm -rf \"$PROMETHEUS_MULTIPROC_DIR\" && mkdir -p \"$PROMETHEUS_MULTIPROC_DIR\" && exec gunicorn hubdommed.wsgi:application --bind 0.0.0.0:${PORT} --workers ${WEB_CONCURRENCY:-2} --access-logfile -"]

@@ -54,6 +54,13 @@ class AutomationAdminForm(forms.ModelForm):
         model = Automation
         fields = AUTOMATION_FIELDS
         field_classes = {"command": StorableJSONField, "params_schema": StorableJSONField}
+        help_texts = {
+            "command": "The argument list the worker runs, as a JSON array of strings "
+            '(never a shell line), e.g. ["python", "export.py", "--full"].',
+            "params_schema": "A JSON Schema object the jobs' parameters must match, e.g. "
+            '{"type": "object", "properties": {"month": {"type": "string"}}, '
+            '"required": ["month"]}. Empty: any JSON object is accepted.',
+        }
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -251,5 +251,11 @@ class DeadLetterBox(ABC):
         queue without their error context; return them."""
 
     @abstractmethod
+    def discard(
+        self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
+    ) -> list[DeadLetter]:
+        """Delete the chosen messages (among the first ``limit``) for good; return them."""
+
+    @abstractmethod
     def close(self) -> None:
         """Release connections."""

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from django import forms
-from django.contrib import messages
+from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import Model, QuerySet
 from django.forms.fields import InvalidJSONInput
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.timesince import timesince
 
 from common.errors import DomainError
 from common.jsondata import PROBLEM, unstorable_path
@@ -86,3 +91,71 @@ class StorableJSONField(forms.JSONField):
         if unstorable_path(value) is not None:
             return InvalidJSONInput(data)
         return value
+
+    def prepare_value(self, value):
+        # An empty field starts empty, not with the text "null" (which a user would have to
+        # delete, and which saves as JSON null if left).
+        if value is None:
+            return ""
+        return super().prepare_value(value)
+
+
+def age_filter(field: str, title: str = "age") -> type[admin.SimpleListFilter]:
+    """A list filter on how long ago ``field`` was (rows waiting too long stand out)."""
+
+    class AgeFilter(admin.SimpleListFilter):
+        parameter_name = f"{field}_age"
+
+        def lookups(self, request, model_admin):
+            return [(key, label) for key, (label, _) in AGES.items()]
+
+        def queryset(self, request, queryset):
+            if self.value() not in AGES:
+                return queryset
+            _, (newer, older) = AGES[self.value()]
+            now = timezone.now()
+            if newer is not None:
+                queryset = queryset.filter(**{f"{field}__gte": now - newer})
+            if older is not None:
+                queryset = queryset.filter(**{f"{field}__lt": now - older})
+            return queryset
+
+    AgeFilter.title = title
+    return AgeFilter
+
+
+# key: (label, (newer than, older than)).
+AGES: dict[str, tuple[str, tuple[timedelta | None, timedelta | None]]] = {
+    "lt5m": ("less than 5 minutes", (timedelta(minutes=5), None)),
+    "gt5m": ("more than 5 minutes", (None, timedelta(minutes=5))),
+    "gt1h": ("more than an hour", (None, timedelta(hours=1))),
+    "gt1d": ("more than a day", (None, timedelta(days=1))),
+    "gt7d": ("more than a week", (None, timedelta(days=7))),
+}
+
+
+def age(moment: datetime | None) -> str:
+    """How long ago, for a list column ("3 minutes")."""
+    return timesince(moment) if moment else "—"
+
+
+def pretty_json(value: Any) -> str:
+    """A JSON value as an indented block on a read-only page."""
+    return format_html("<pre>{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))
+
+
+class ReadOnlyAdmin(NeverDeletedAdmin):
+    """A ``ModelAdmin`` mixin for rows only services write: looked at, never added or
+    edited here (the admin's actions call the services)."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def may_operate(self, request) -> bool:
+        """Whether the user may run the operators' actions: the model's change permission."""
+        opts = self.opts
+        codename = f"{opts.app_label}.change_{opts.model_name}"
+        return request.user.is_active and request.user.has_perm(codename)

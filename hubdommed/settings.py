@@ -32,7 +32,7 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["*"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "hubdommed.apps.HubAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -40,10 +40,12 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "identity",
     "sector",
     "automation",
     "job",
+    "schedule",
     "outbox",
     "relay",
     "worker",
@@ -74,7 +76,8 @@ WSGI_APPLICATION = "hubdommed.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # The project's own pages (the API docs' Redoc page without third-party fonts).
+        "DIRS": [BASE_DIR / "hubdommed" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -221,6 +224,15 @@ JOB_PARAMS_VALIDATION_SECONDS = env.float(
 JOB_RESULT_MAX_BYTES = env.int("JOB_RESULT_MAX_BYTES", default=256 * 1024, minimum=2)
 JOB_OUTPUT_TAIL_MAX_CHARS = env.int("JOB_OUTPUT_TAIL_MAX_CHARS", default=16 * 1024, minimum=1)
 
+# --- Schedules (manage.py run_scheduler) ---------------------------------------------------
+# Seconds between the scheduler's cycles: how late a due run may start at most.
+SCHEDULER_INTERVAL_SECONDS = env.float("SCHEDULER_INTERVAL_SECONDS", default=5.0, minimum=0.1)
+# A due time started later than this many seconds (the hub was down) is a missed run: a
+# schedule with misfire "skip" drops it; "run_once" starts the latest missed run only.
+SCHEDULE_MISFIRE_GRACE_SECONDS = env.int(
+    "SCHEDULE_MISFIRE_GRACE_SECONDS", default=5 * 60, minimum=1
+)
+
 # --- Stuck-job monitor (manage.py watch_stuck_jobs) ---------------------------------------
 # Seconds between cycles (--interval overrides it).
 MONITOR_INTERVAL_SECONDS = env.float("MONITOR_INTERVAL_SECONDS", default=30.0, minimum=0.1)
@@ -259,6 +271,11 @@ SPECTACULAR_SETTINGS = {
     # The schema is public: a stale token sent out of habit must not turn it into a 401.
     "SERVE_AUTHENTICATION": [],
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI and Redoc from the API's own static files (drf-spectacular-sidecar): the
+    # docs work on a machine without internet, and load no third-party script.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     # A job's status and a worker's status are both "status": name each enum.
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "job.models.JobStatus",
@@ -317,13 +334,23 @@ METRICS_PORT = env.int("METRICS_PORT", default=0, minimum=0)
 # (empty: none).
 LIVENESS_FILE = env.str("LIVENESS_FILE", default="")
 
+# Only behind a proxy that sets X-Forwarded-Proto itself: otherwise any client could claim
+# that its plain-HTTP request came over HTTPS.
+TRUST_X_FORWARDED_PROTO = env.bool("TRUST_X_FORWARDED_PROTO", default=False)
+if TRUST_X_FORWARDED_PROTO:
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 if not DEBUG:
     SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
     CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
-# Only behind a proxy that sets X-Forwarded-Proto itself: otherwise any client could claim
-# that its plain-HTTP request came over HTTPS.
-if env.bool("TRUST_X_FORWARDED_PROTO", default=False):
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    # Plain HTTP is sent to HTTPS where the API can tell which is which: behind the TLS proxy
+    # TRUST_X_FORWARDED_PROTO names (without it every request would look like plain HTTP).
+    SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=TRUST_X_FORWARDED_PROTO)
+    # Probes inside the network speak plain HTTP to the container.
+    SECURE_REDIRECT_EXEMPT = [r"^health/"]
+    # Browsers keep to HTTPS once they saw it (sent on HTTPS answers only).
+    SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=365 * 24 * 3600, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=True)
 
 # Access tokens are signed with their own key when one is given (rotating it logs everyone out
 # without touching sessions or password resets), else with SECRET_KEY.

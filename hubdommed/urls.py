@@ -1,9 +1,24 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import (
+    SpectacularAPIView,
+    SpectacularRedocView,
+    SpectacularSwaggerView,
+)
 
 from common import health
 from common.api import not_found_view
+
+
+class SwaggerPage(SpectacularSwaggerView):
+    # A page for people: GET only. DRF's OPTIONS answer would go through the HTML renderer,
+    # which has no template for it (a 500); refused, it is a JSON 405 like any other.
+    http_method_names = ["get", "head"]
+
+
+class RedocPage(SpectacularRedocView):
+    http_method_names = ["get", "head"]
+
 
 handler404 = "common.api.not_found_view"
 handler500 = "common.api.server_error_view"
@@ -13,13 +28,19 @@ api_v1 = [
     path("", include("sector.urls")),
     path("", include("automation.urls")),
     path("", include("job.urls")),
+    path("", include("schedule.urls")),
     path("", include("webhook.urls")),
 ]
 
 urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/docs/", SwaggerPage.as_view(url_name="schema"), name="api-docs"),
+    path(
+        "api/redoc/",
+        RedocPage.as_view(url_name="schema", template_name="api/redoc.html"),
+        name="api-redoc",
+    ),
     path("health/live", health.live, name="health-live"),
     path("health/ready", health.ready, name="health-ready"),
     path("admin/", admin.site.urls),

@@ -60,10 +60,13 @@ class Job(models.Model):
     automation = models.ForeignKey(
         "automation.Automation", on_delete=models.PROTECT, related_name="+"
     )
-    # Null only for jobs the hub starts itself (none yet); people always leave their name.
+    # Null only for jobs the hub starts itself (a schedule's); people always leave their name.
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, on_delete=models.PROTECT, related_name="+"
     )
+    # What started a job the hub started itself: {"schedule": id, "due_at": iso} for a
+    # schedule's run (null for a person's request).
+    triggered_by = models.JSONField(null=True, blank=True)
     status = models.TextField(choices=JobStatus.choices, default=JobStatus.PENDING)
     params = models.JSONField(default=dict)
     # The caller's Idempotency-Key: a retried request returns the job it created.

@@ -71,8 +71,11 @@ def job_create(
     params: dict[str, Any],
     requested_by: Any,
     idempotency_key: str | None = None,
+    triggered_by: dict[str, Any] | None = None,
 ) -> tuple[Job, bool]:
     """Create a pending job and record JobCreated. Returns ``(job, created)``.
+
+    ``triggered_by`` names what started a job nobody asked for (a schedule's due time).
 
     With an ``idempotency_key`` already used by the tenant, returns that job and
     ``created=False`` (when the request is the same one; another request is refused).
@@ -100,6 +103,7 @@ def job_create(
         requested_by=requested_by,
         params=params,
         idempotency_key=idempotency_key,
+        triggered_by=triggered_by,
         created_at=now,
         updated_at=now,
     )

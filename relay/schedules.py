@@ -52,3 +52,9 @@ def enqueue_due_schedules(catalog: Catalog | None = None) -> list[str]:
             row.save(update_fields=["next_due_at", "last_run_id"])
             enqueued.append(row.name)
     return enqueued
+
+
+def schedules_make_due(*, names: list[str]) -> int:
+    """An operator's "run now": the schedules become due, and the relay's next sweep
+    dispatches them (once, whatever the number of relays). Returns how many there were."""
+    return RelaySchedule.objects.filter(name__in=names).update(next_due_at=clock_timestamp())

@@ -98,6 +98,21 @@ class RabbitMQDeadLetterBox(DeadLetterBox):
             publisher.close()
         return sent
 
+    def discard(
+        self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
+    ) -> list[DeadLetter]:
+        channel = self._connection.channel()
+        discarded = []
+        try:
+            for method, _, letter in self._take(channel, destination, limit):
+                if choose(letter):
+                    channel.basic_ack(method.delivery_tag)
+                    discarded.append(letter)
+        finally:
+            # What was not chosen goes back to the dead-letter queue with the channel.
+            channel.close()
+        return discarded
+
     def close(self) -> None:
         if self._connection.is_open:
             self._connection.close()

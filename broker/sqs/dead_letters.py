@@ -97,5 +97,19 @@ class SQSDeadLetterBox(DeadLetterBox):
         self._show_again(url, left)
         return sent
 
+    def discard(
+        self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
+    ) -> list[DeadLetter]:
+        url, taken = self._take(destination, limit)
+        discarded, left = [], []
+        for message, letter in taken:
+            if not choose(letter):
+                left.append(message)
+                continue
+            self._client.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+            discarded.append(letter)
+        self._show_again(url, left)
+        return discarded
+
     def close(self) -> None:
         self._client.close()

@@ -89,6 +89,14 @@ class JobOutput(serializers.ModelSerializer):
         read_only=True,
         help_text="The id of the person who asked.",
     )
+    triggered_by = serializers.JSONField(
+        allow_null=True,
+        read_only=True,
+        help_text=(
+            'What started the job when no person asked: {"schedule": id, "due_at": time} '
+            "for a schedule's run; null otherwise."
+        ),
+    )
     cancel_requested = serializers.BooleanField(read_only=True)
     result = serializers.JSONField(allow_null=True, read_only=True)
     params = JSONObjectField(read_only=True)
@@ -105,6 +113,7 @@ class JobOutput(serializers.ModelSerializer):
             "status",
             "params",
             "requested_by",
+            "triggered_by",
             "attempt",
             "created_at",
             "started_at",

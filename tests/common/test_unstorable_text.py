@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 
 from identity.models import User
 from job.models import Job
+from schedule.services import schedule_create
 from tests.factories import (
     AutomationWithWorkerFactory,
     ManagerFactory,
@@ -70,6 +71,9 @@ def world(db):
     member = UserFactory(tenant=tenant)
     automation = AutomationWithWorkerFactory()
     running = RunningJobFactory(tenant=tenant, automation=automation, requested_by=manager)
+    schedule = schedule_create(
+        tenant=tenant, actor=manager, automation_id=automation.pk, name="nightly", cron="0 6 * * *"
+    )
     worker = APIClient(raise_request_exception=False)
     worker.credentials(HTTP_AUTHORIZATION=f"Bearer {automation.credential}")
     clients = {
@@ -84,6 +88,7 @@ def world(db):
         "automation_id": automation.pk,
         "job_id": running.pk,
         "sector_id": automation.sector_id,
+        "schedule_id": schedule.pk,
     }
     return clients, ids
 
@@ -136,6 +141,14 @@ def _valid_bodies(ids: dict) -> dict[tuple[str, str], tuple[str, dict]]:
         "worker": {"provider": "local", "machine_id": "m-1", "region": ""},
     }
     sector = {"name": "Finance", "slug": "finance", "description": "Money"}
+    schedule = {
+        "name": "Nightly",
+        "automation": ids["automation_id"],
+        "cron": "0 6 * * *",
+        "timezone": "UTC",
+        "params": {},
+        "misfire": "run_once",
+    }
     refresh = {"refresh_token": "hdr_unknown"}
     return {
         ("post", "/api/v1/auth/login"): ("anonymous", {"email": "x@x.example", "password": "p"}),
@@ -162,6 +175,8 @@ def _valid_bodies(ids: dict) -> dict[tuple[str, str], tuple[str, dict]]:
             "worker",
             {"claim_token": token, "progress": {"step": 1}},
         ),
+        ("post", "/api/v1/schedules"): ("manager", schedule),
+        ("patch", "/api/v1/schedules/{schedule_id}"): ("manager", schedule),
         ("post", "/api/v1/sectors"): ("admin", sector),
         ("patch", "/api/v1/sectors/{sector_id}"): ("admin", sector),
         ("post", "/api/v1/tenants"): ("admin", {"name": "New", "slug": "new"}),

@@ -33,6 +33,7 @@ from schemathesis.checks import (
 )
 
 from hubdommed.wsgi import application
+from schedule.services import schedule_create
 from tests.factories import (
     AutomationWithWorkerFactory,
     JobFactory,
@@ -115,6 +116,9 @@ def seeded(settings) -> Seeded:
     automation = AutomationWithWorkerFactory(sector=sector, max_concurrency=5)
     pending = JobFactory(tenant=tenant, automation=automation, requested_by=member)
     running = RunningJobFactory(tenant=tenant, automation=automation, requested_by=member)
+    schedule = schedule_create(
+        tenant=tenant, actor=manager, automation_id=automation.pk, name="nightly", cron="0 6 * * *"
+    )
     endpoint = endpoint_create(
         tenant=tenant,
         url="https://hooks.example.com/hub",
@@ -135,6 +139,7 @@ def seeded(settings) -> Seeded:
             "sector_id": sector.pk,
             "automation_id": automation.pk,
             "job_id": pending.pk,
+            "schedule_id": schedule.pk,
             "endpoint_id": endpoint.pk,
             "tenant": tenant.pk,
             "sector": sector.pk,

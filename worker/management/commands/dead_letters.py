@@ -4,19 +4,22 @@
     manage.py dead_letters --queue default          # list one
     manage.py dead_letters --queue default --requeue RUN_ID [RUN_ID ...]
     manage.py dead_letters --queue default --requeue-all
+    manage.py dead_letters --queue default --purge RUN_ID [RUN_ID ...]
+    manage.py dead_letters --queue default --purge-all
 
 A message sent back goes to its queue without its error context, and its run starts
-afresh: ``queued``, with its receive count back to 0.
+afresh: ``queued``, with its receive count back to 0. A purged message is deleted for
+good; its run stays ``failed``.
 """
 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
-from broker import TransportUnavailable, get_dead_letter_box, topology
+from broker import TransportUnavailable, topology
 from broker.consume import DeadLetter
 from broker.topology import QUEUES
-from outbox.runs import requeue_failed_run
+from worker.dead_letters import dead_letters_list, dead_letters_purge, dead_letters_redrive
 
 
 class Command(BaseCommand):
@@ -31,50 +34,67 @@ class Command(BaseCommand):
         )
         parser.add_argument("--requeue", nargs="+", default=[], metavar="RUN_ID")
         parser.add_argument("--requeue-all", action="store_true")
+        parser.add_argument("--purge", nargs="+", default=[], metavar="RUN_ID")
+        parser.add_argument("--purge-all", action="store_true")
         parser.add_argument("--limit", type=int, default=1000, help="messages looked at per queue")
 
-    def handle(self, *args, queue, requeue, requeue_all, limit, **options) -> None:
+    def handle(
+        self, *args, queue, requeue, requeue_all, purge, purge_all, limit, **options
+    ) -> None:
         destinations = queue or list(QUEUES)
         for destination in destinations:
             try:
                 topology.check_destination(destination)
             except topology.UnknownDestination as exc:
                 raise CommandError(str(exc)) from None
-        if requeue and requeue_all:
-            raise CommandError("give either --requeue RUN_ID... or --requeue-all, not both")
+        chosen = [bool(requeue), requeue_all, bool(purge), purge_all]
+        if sum(chosen) > 1:
+            raise CommandError(
+                "give one of --requeue RUN_ID..., --requeue-all, --purge RUN_ID..., --purge-all"
+            )
         if limit < 1:
             raise CommandError("--limit must be at least 1")
-        wanted = set(requeue)
-        box = get_dead_letter_box()
+        wanted = set(requeue) | set(purge)
         try:
-            for destination in destinations:
-                if requeue or requeue_all:
-                    sent = box.requeue(
+            if purge or purge_all:
+                for destination in destinations:
+                    purged = dead_letters_purge(
                         destination,
-                        lambda letter: requeue_all or letter.run_id in wanted,
-                        limit,
+                        run_ids=None if purge_all else set(wanted),
+                        limit=limit,
+                        actor="command:dead_letters",
+                    )
+                    for letter in purged:
+                        wanted.discard(letter.run_id)
+                        self.stdout.write(
+                            f"purged {letter.run_id} {letter.task} from {destination}"
+                        )
+            elif requeue or requeue_all:
+                for destination in destinations:
+                    sent = dead_letters_redrive(
+                        destination,
+                        run_ids=None if requeue_all else set(wanted),
+                        limit=limit,
+                        actor="command:dead_letters",
                     )
                     for letter in sent:
-                        if letter.run_id:
-                            requeue_failed_run(letter.run_id)
                         wanted.discard(letter.run_id)
                         self.stdout.write(
                             f"requeued {letter.run_id} {letter.task} -> {destination}"
                         )
-                else:
-                    # Counted first: listing hides messages for a while on SQS.
-                    waiting = box.count(destination)
-                    letters = box.peek(destination, limit)
-                    shown = f" (the first {len(letters)} listed)" if len(letters) < waiting else ""
-                    self.stdout.write(
-                        f"{topology.dead_letter_queue_name(destination)}: {waiting} waiting{shown}"
+            else:
+                for parked in dead_letters_list(destinations, limit=limit):
+                    letters = parked.letters
+                    shown = (
+                        f" (the first {len(letters)} listed)"
+                        if len(letters) < parked.waiting
+                        else ""
                     )
+                    self.stdout.write(f"{parked.queue}: {parked.waiting} waiting{shown}")
                     for letter in letters:
                         self.stdout.write("  " + _line(letter))
         except TransportUnavailable as exc:
             raise CommandError(f"broker unreachable: {exc}") from exc
-        finally:
-            box.close()
         if wanted:
             raise CommandError(f"not found in the dead-letter queues: {', '.join(sorted(wanted))}")
 

@@ -1,0 +1,296 @@
+"""The schedules API: a tenant's calendar of runs of an automation.
+
+Members read their tenant's schedules; managers create, change, pause, resume and
+deactivate them. Another tenant's schedule is a 404. Schedules are never deleted:
+``DELETE`` is refused and points to ``POST /api/v1/schedules/{id}/deactivate``.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, extend_schema_field
+from rest_framework import generics, serializers, status
+from rest_framework.permissions import SAFE_METHODS
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from common.api import NeverDeleted, validated
+from common.schema import error_response
+from identity.permissions import IsTenantManager, IsTenantMember
+from schedule.models import Misfire, Schedule
+from schedule.selectors import schedule_get, schedule_list
+from schedule.services import (
+    schedule_create,
+    schedule_deactivate,
+    schedule_pause,
+    schedule_resume,
+    schedule_update,
+)
+
+CRON_HELP = (
+    "Five fields: minute hour day-of-month month day-of-week, read in `timezone` "
+    "(e.g. `0 6 * * 1-5`: weekdays at 06:00)."
+)
+TIMEZONE_HELP = "An IANA time zone name (e.g. `America/Sao_Paulo`); daylight saving follows it."
+MISFIRE_HELP = (
+    "Runs missed while the hub was down: `run_once` starts only the latest of them, late; "
+    "`skip` drops them."
+)
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class ParamsField(serializers.JSONField):
+    """The parameters of each run, checked against the automation's parameter schema."""
+
+
+class ScheduleSerializer(serializers.ModelSerializer):
+    automation = serializers.IntegerField(source="automation_id", read_only=True)
+    created_by = serializers.IntegerField(source="created_by_id", read_only=True, allow_null=True)
+    params = ParamsField(read_only=True)
+    status = serializers.ChoiceField(
+        choices=["active", "paused", "deactivated"],
+        read_only=True,
+        help_text="`active` runs; `paused` waits for a resume; `deactivated` is for good.",
+    )
+    next_run_at = serializers.DateTimeField(
+        read_only=True,
+        allow_null=True,
+        help_text="When the next run starts (UTC); null while paused or deactivated.",
+    )
+    last_run_at = serializers.DateTimeField(
+        read_only=True, allow_null=True, help_text="The due time of the latest run started."
+    )
+    paused_reason = serializers.CharField(
+        read_only=True, help_text="Why it is paused (a manager, or params the schema refuses)."
+    )
+
+    class Meta:
+        model = Schedule
+        fields = (
+            "id",
+            "name",
+            "automation",
+            "cron",
+            "timezone",
+            "params",
+            "misfire",
+            "status",
+            "is_active",
+            "next_run_at",
+            "last_run_at",
+            "paused_at",
+            "paused_reason",
+            "deactivated_at",
+            "deactivated_reason",
+            "created_by",
+            "created_at",
+            "updated_at",
+        )
+        read_only_fields = fields
+
+
+class ScheduleCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(
+        max_length=200,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="Defaults to the cron expression.",
+    )
+    automation = serializers.IntegerField(min_value=1, help_text="An active automation's id.")
+    cron = serializers.CharField(max_length=200, help_text=CRON_HELP)
+    timezone = serializers.CharField(max_length=64, default="UTC", help_text=TIMEZONE_HELP)
+    params = ParamsField(required=False, default=dict)
+    misfire = serializers.ChoiceField(
+        choices=Misfire.choices, default=Misfire.RUN_ONCE, help_text=MISFIRE_HELP
+    )
+
+
+class ScheduleUpdateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    cron = serializers.CharField(max_length=200, required=False, help_text=CRON_HELP)
+    timezone = serializers.CharField(max_length=64, required=False, help_text=TIMEZONE_HELP)
+    params = ParamsField(required=False)
+    misfire = serializers.ChoiceField(
+        choices=Misfire.choices, required=False, help_text=MISFIRE_HELP
+    )
+
+
+class ScheduleFilterSerializer(serializers.Serializer):
+    active = serializers.BooleanField(
+        required=False, allow_null=True, default=None, help_text="Only active (or deactivated)."
+    )
+    automation = serializers.IntegerField(required=False, min_value=1, default=None)
+
+
+class ReadForMembersWriteForManagers:
+    def get_permissions(self):
+        if self.request.method in SAFE_METHODS:
+            return [IsTenantMember()]
+        return [IsTenantManager()]
+
+
+class ScheduleListCreateApi(ReadForMembersWriteForManagers, generics.ListAPIView):
+    serializer_class = ScheduleSerializer
+
+    def get_queryset(self):
+        filters = ScheduleFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        return schedule_list(
+            tenant_id=self.request.user.tenant_id,
+            active=filters.validated_data["active"],
+            automation_id=filters.validated_data["automation"],
+        )
+
+    @extend_schema(
+        operation_id="schedules_list",
+        summary="The tenant's schedules",
+        parameters=[ScheduleFilterSerializer],
+    )
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        operation_id="schedules_create",
+        summary="Create a schedule (managers)",
+        request=ScheduleCreateSerializer,
+        responses={
+            201: ScheduleSerializer,
+            400: error_response(
+                "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
+                "`unknown_automation`, `invalid_params`, `params_too_large`."
+            ),
+            409: error_response("`automation_inactive`, `automation_misconfigured`."),
+        },
+    )
+    def post(self, request):
+        data = validated(ScheduleCreateSerializer, request.data)
+        schedule = schedule_create(
+            tenant=request.user.tenant,
+            actor=request.user,
+            automation_id=data["automation"],
+            name=data["name"],
+            cron=data["cron"],
+            timezone_name=data["timezone"],
+            params=data["params"],
+            misfire=data["misfire"],
+        )
+        return Response(ScheduleSerializer(schedule).data, status=status.HTTP_201_CREATED)
+
+
+class ScheduleDetailApi(ReadForMembersWriteForManagers, NeverDeleted, APIView):
+    delete_hint = (
+        "Schedules are never deleted: POST /api/v1/schedules/{schedule_id}/deactivate instead."
+    )
+
+    @extend_schema(
+        operation_id="schedules_read",
+        summary="One of the tenant's schedules",
+        responses={200: ScheduleSerializer, 404: error_response("`schedule_not_found`.")},
+    )
+    def get(self, request, schedule_id: int):
+        schedule = schedule_get(tenant_id=request.user.tenant_id, schedule_id=schedule_id)
+        return Response(ScheduleSerializer(schedule).data)
+
+    @extend_schema(
+        operation_id="schedules_update",
+        summary="Change a schedule (managers)",
+        description="A new cron expression or time zone takes effect from now.",
+        request=ScheduleUpdateSerializer,
+        responses={
+            200: ScheduleSerializer,
+            400: error_response(
+                "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
+                "`invalid_params`, `params_too_large`."
+            ),
+            404: error_response("`schedule_not_found`."),
+            409: error_response("`schedule_inactive`, `automation_misconfigured`."),
+        },
+    )
+    def patch(self, request, schedule_id: int):
+        data = validated(ScheduleUpdateSerializer, request.data)
+        schedule = schedule_update(
+            tenant=request.user.tenant_id, schedule_id=schedule_id, data=data
+        )
+        return Response(ScheduleSerializer(schedule).data)
+
+    @extend_schema(
+        operation_id="schedules_delete",
+        request=None,
+        responses={405: error_response("Always: schedules are deactivated.")},
+    )
+    def delete(self, request, schedule_id: int):
+        self.refuse_delete(schedule_id=schedule_id)
+
+
+class _ScheduleMoveApi(APIView):
+    """A POST that moves one schedule through ``service`` (pause, resume, deactivate)."""
+
+    permission_classes = [IsTenantManager]
+
+    @staticmethod
+    def service(*, tenant: int, schedule_id: int) -> Schedule:
+        raise NotImplementedError
+
+    def post(self, request, schedule_id: int):
+        schedule = self.service(tenant=request.user.tenant_id, schedule_id=schedule_id)
+        return Response(ScheduleSerializer(schedule).data)
+
+
+class SchedulePauseApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_pause)
+
+    @extend_schema(
+        operation_id="schedules_pause",
+        summary="Pause a schedule (managers)",
+        description="No run starts until it is resumed. Pausing a paused schedule changes nothing.",
+        request=None,
+        responses={
+            200: ScheduleSerializer,
+            404: error_response("`schedule_not_found`."),
+            409: error_response("`schedule_inactive`."),
+        },
+    )
+    def post(self, request, schedule_id: int):
+        return super().post(request, schedule_id)
+
+
+class ScheduleResumeApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_resume)
+
+    @extend_schema(
+        operation_id="schedules_resume",
+        summary="Resume a paused schedule (managers)",
+        description=(
+            "Runs start again from the next due time after now: the runs due while it was "
+            "paused are not caught up. Params the automation's schema no longer accepts are "
+            "refused: change them first."
+        ),
+        request=None,
+        responses={
+            200: ScheduleSerializer,
+            400: error_response("`invalid_params`, `params_too_large`."),
+            404: error_response("`schedule_not_found`."),
+            409: error_response(
+                "`schedule_inactive`, `automation_inactive`, `automation_misconfigured`."
+            ),
+        },
+    )
+    def post(self, request, schedule_id: int):
+        return super().post(request, schedule_id)
+
+
+class ScheduleDeactivateApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_deactivate)
+
+    @extend_schema(
+        operation_id="schedules_deactivate",
+        summary="Deactivate a schedule for good (managers)",
+        request=None,
+        responses={
+            200: ScheduleSerializer,
+            404: error_response("`schedule_not_found`."),
+            409: error_response("`schedule_inactive`: already deactivated."),
+        },
+    )
+    def post(self, request, schedule_id: int):
+        return super().post(request, schedule_id)

@@ -1,0 +1,143 @@
+"""Jobs in the admin: filters to find them, read-only pages, cancel through the service."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.utils import timezone
+
+from job.models import Job
+from job.services import job_claim, job_create, job_fail
+from outbox.models import Event
+from tests.factories import AutomationWithWorkerFactory, UserFactory
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "/admin/job/job/"
+
+
+@pytest.fixture
+def admin_site(client, platform_admin):
+    client.force_login(platform_admin)
+    return client
+
+
+def create_job(tenant, automation) -> Job:
+    job, _ = job_create(
+        tenant=tenant,
+        automation_id=automation.pk,
+        params={},
+        requested_by=UserFactory(tenant=tenant),
+    )
+    return job
+
+
+def failed_job(tenant, automation) -> Job:
+    job = create_job(tenant, automation)
+    claimed = job_claim(worker=automation.worker, job_id=job.pk)
+    return job_fail(
+        worker=automation.worker,
+        job_id=job.pk,
+        claim_token=claimed.claim_token,
+        error="exit 3",
+        exit_code=3,
+    )
+
+
+def listed(response) -> set[int]:
+    assert response.status_code == 200, response.content[:500]
+    return {job.pk for job in response.context["cl"].result_list}
+
+
+def test_the_list_filters_by_status_automation_tenant_and_age(admin_site, tenant, other_tenant):
+    automation, other_automation = AutomationWithWorkerFactory(), AutomationWithWorkerFactory()
+    failed = failed_job(tenant, automation)
+    pending = create_job(tenant, automation)
+    elsewhere = create_job(other_tenant, other_automation)
+    old = create_job(tenant, automation)
+    Job.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(hours=2))
+
+    assert listed(admin_site.get(CHANGELIST, {"status__exact": "failed"})) == {failed.pk}
+    assert listed(admin_site.get(CHANGELIST, {"automation__id__exact": other_automation.pk})) == {
+        elsewhere.pk
+    }
+    assert listed(admin_site.get(CHANGELIST, {"tenant__id__exact": other_tenant.pk})) == {
+        elsewhere.pk
+    }
+    assert listed(admin_site.get(CHANGELIST, {"created_at_age": "gt1h"})) == {old.pk}
+    assert listed(admin_site.get(CHANGELIST, {"created_at_age": "lt5m"})) == {
+        failed.pk,
+        pending.pk,
+        elsewhere.pk,
+    }
+
+
+def test_a_job_page_is_read_only_and_shows_its_outcome(admin_site, tenant):
+    job = failed_job(tenant, AutomationWithWorkerFactory())
+
+    response = admin_site.get(f"{CHANGELIST}{job.pk}/change/")
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "exit 3" in page
+    # Its trail is a click away.
+    events = re.search(r'href="(/admin/outbox/event/\?[^"]+)">its events', page).group(1)
+    trail = admin_site.get(events.replace("&amp;", "&"))
+    assert {e.type for e in trail.context["cl"].result_list} == {
+        "JobCreated",
+        "JobStarted",
+        "JobFailed",
+    }
+    assert 'name="_save"' not in page
+    # Nothing is written by a post to the page either.
+    assert admin_site.post(f"{CHANGELIST}{job.pk}/change/", {"status": "pending"}).status_code in (
+        403,
+        302,
+    )
+    job.refresh_from_db()
+    assert job.status == Job.Status.FAILED
+    assert admin_site.get(f"{CHANGELIST}add/").status_code == 403
+    assert admin_site.get(f"{CHANGELIST}{job.pk}/delete/").status_code == 403
+
+
+def test_cancel_goes_through_the_service_and_records_its_event(admin_site, tenant, platform_admin):
+    automation = AutomationWithWorkerFactory(max_concurrency=2)
+    pending = create_job(tenant, automation)
+    running = create_job(tenant, automation)
+    job_claim(worker=automation.worker, job_id=running.pk)
+    finished = failed_job(tenant, automation)
+
+    response = admin_site.post(
+        CHANGELIST,
+        {"action": "cancel", "_selected_action": [pending.pk, running.pk, finished.pk]},
+        follow=True,
+    )
+
+    texts = [str(message) for message in response.context["messages"]]
+    assert "1 job(s) canceled." in texts
+    assert any("1 running job(s) asked to stop" in text for text in texts)
+    assert any(f"Job {finished.pk}: The job has already finished." in text for text in texts)
+    pending.refresh_from_db()
+    running.refresh_from_db()
+    assert pending.status == Job.Status.CANCELED
+    assert running.status == Job.Status.RUNNING and running.cancel_requested_at is not None
+    (canceled,) = Event.objects.filter(type="JobCanceled", aggregate_id=str(pending.pk))
+    assert canceled.actor == f"user:{platform_admin.pk}"
+
+
+def test_staff_without_the_change_permission_cannot_cancel(client, tenant):
+    staff = UserFactory(tenant=None, is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(staff)
+    job = create_job(tenant, AutomationWithWorkerFactory())
+
+    response = client.get(CHANGELIST)
+    assert response.status_code == 200
+    action_form = response.context["action_form"]
+    assert action_form is None or "cancel" not in dict(action_form.fields["action"].choices)
+    client.post(CHANGELIST, {"action": "cancel", "_selected_action": [job.pk]})
+    job.refresh_from_db()
+    assert job.status == Job.Status.PENDING

@@ -1,0 +1,90 @@
+"""``manage.py run_scheduler``: its steps, and two of them racing as real processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.conf import settings as django_settings
+from django.utils import timezone
+
+from automation.models import Automation
+from job.models import Job
+from schedule.management.commands.run_scheduler import Command
+from schedule.models import Schedule
+from tests.polling import wait_until
+from tests.processes import process_environment
+from tests.schedule.support import jobs_of, new_schedule
+
+
+def _due_now(schedule: Schedule) -> None:
+    # As if it had been created a minute ago: the current minute is due.
+    Schedule.objects.filter(pk=schedule.pk).update(
+        next_run_at=timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=1)
+    )
+
+
+@pytest.mark.django_db
+def test_one_cycle_fires_due_schedules_and_ends_those_of_deactivated_automations(
+    tenant, automation
+):
+    due = new_schedule(tenant=tenant, automation=automation, cron="* * * * *")
+    _due_now(due)
+    other_automation = Automation.objects.create(
+        name="retired", slug="retired", sector=automation.sector, command=["true"]
+    )
+    orphan = new_schedule(tenant=tenant, automation=other_automation, cron="0 0 1 1 *")
+    Automation.objects.filter(pk=other_automation.pk).update(is_active=False)
+
+    command = Command()
+    command.run_cycle()
+
+    assert len(jobs_of(due)) == 1 and command.started == 1
+    orphan.refresh_from_db()
+    assert orphan.status == "deactivated"
+    assert orphan.deactivated_reason == "Its automation was deactivated."
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_schedulers_racing_start_each_due_time_once_and_exit_0_on_sigterm(
+    settings, tenant, automation
+):
+    schedules = [
+        new_schedule(tenant=tenant, automation=automation, name=f"s{n}", cron="* * * * *")
+        for n in range(20)
+    ]
+    for schedule in schedules:
+        _due_now(schedule)
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "manage.py", "run_scheduler", "--interval", "0.2"],
+            cwd=django_settings.BASE_DIR,
+            env=process_environment(settings),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        wait_until(
+            lambda: all(jobs_of(schedule) for schedule in schedules),
+            timeout=60,
+            message="every schedule to start its job",
+        )
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        outcomes = [process.communicate(timeout=30) for process in processes]
+
+    for process, (out, err) in zip(processes, outcomes, strict=True):
+        assert process.returncode == 0, err
+        assert "scheduler stopped after" in out
+    runs = Counter(
+        (job.triggered_by["schedule"], job.triggered_by["due_at"]) for job in Job.objects.all()
+    )
+    assert runs and max(runs.values()) == 1
