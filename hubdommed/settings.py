@@ -280,6 +280,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "job.models.JobStatus",
         "WorkerStatusEnum": "automation.models.Worker.Status",
+        "WebhookEndpointStatusEnum": "webhook.models.EndpointStatus",
     },
 }
 
