@@ -2,11 +2,16 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/hubdommed_bench .venv/bin/python bench/relay.py
 
-Creates and migrates the database if needed; uses its own exchange and queue prefix and
-deletes them at the end. Reports ratios measured in this one run (the machine is shared):
+Creates and migrates the database if needed. Its exchange and queues are named after the
+database (``bench-<database>-``): a run first deletes what a crashed run left there (queues,
+exchange, outbox rows), so every run starts from the same empty state, and deletes them
+again at the end. Reports ratios measured in this one run (the machine is shared):
 
-1. RabbitMQ: the relay draining N pending rows (publisher confirms, marking sent_at) against
-   raw pika publishing the same messages without confirms (the broker's ceiling).
+1. RabbitMQ, in interleaved rounds (the order rotates each round), medians reported: the
+   relay draining N pending rows (publisher confirms, marking sent_at, two batches in
+   flight) against raw pika publishing the same messages without confirms (the broker's
+   ceiling) and raw pika publishing them with pipelined confirms (every message written,
+   then every confirm awaited: the floor of any publisher that knows what the broker took).
 2. SQS (moto's server on loopback): the relay against raw boto3 ``SendMessageBatch`` calls.
 3. Commit-to-broker latency over dispatches at a steady rate, with the wake signal and with
    the sweep only (a relay subprocess, as in production).
@@ -23,7 +28,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +44,7 @@ import logging  # noqa: E402
 logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
 import pika  # noqa: E402
+import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
@@ -98,8 +103,7 @@ def relay_drain(batch_size: int) -> float:
     relay = OutboxRelay(batch_size=batch_size)
     relay.transport.setup_topology()
     started = time.perf_counter()
-    while relay.relay_one_batch():
-        pass
+    relay.drain()
     elapsed = time.perf_counter() - started
     relay.close()
     with connection.cursor() as cursor:
@@ -125,45 +129,152 @@ def purge_rabbit(destination: str) -> None:
     conn.close()
 
 
-def raw_pika_publish(rows) -> float:
-    """The ceiling: the same messages, persistent, no confirms, until all are enqueued."""
+def _message(run_id: str, body: str, correlation_id: str):
     from broker.base import OutgoingMessage
 
-    conn, channel = rabbit_channel()
+    return OutgoingMessage(
+        key=0,
+        run_id=run_id,
+        destination="default",
+        task="reports.build",
+        body=body.encode(),
+        correlation_id=correlation_id,
+    )
+
+
+# Seconds one publisher's run may take before the benchmark gives up on the broker.
+ROUND_TIMEOUT = 300
+
+
+def _select_publish(rows, *, confirm: bool) -> tuple[float, float, dict]:
+    """Publish the rows through a ``SelectConnection`` (pika's fastest way to write):
+    (the clock at the first publish, at the end, the confirms' tally). With ``confirm``
+    the end is the last confirm; without, the queue holding every message."""
+    total = len(rows)
+    settled = bytearray(total + 1)
+    state = {"count": 0, "low": 0, "nacked": 0, "started": 0.0, "finished": 0.0}
     key = topology.routing_key("default", "reports.build")
-    started = time.perf_counter()
-    for run_id, body, correlation_id in rows:
-        message = OutgoingMessage(
-            key=0,
-            run_id=run_id,
-            destination="default",
-            task="reports.build",
-            body=body.encode(),
-            correlation_id=correlation_id,
-        )
-        channel.basic_publish(
-            settings.RABBITMQ_EXCHANGE, key, message.body, message_properties(message)
-        )
-    while queue_depth(channel, "default") < len(rows):
-        time.sleep(0.01)
-    elapsed = time.perf_counter() - started
-    conn.close()
-    return elapsed
+
+    def on_confirm(frame) -> None:
+        method = frame.method
+        tags = range(state["low"] + 1, method.delivery_tag + 1) if method.multiple else ()
+        for tag in tags or (method.delivery_tag,):
+            if not settled[tag]:
+                settled[tag] = 1
+                state["count"] += 1
+        if method.multiple:
+            state["low"] = max(state["low"], method.delivery_tag)
+        if not isinstance(method, pika.spec.Basic.Ack):
+            state["nacked"] += 1
+        if state["count"] == total:
+            state["finished"] = time.perf_counter()
+            conn.close()
+
+    def publish_all(channel) -> None:
+        state["started"] = time.perf_counter()
+        for run_id, body, correlation_id in rows:
+            message = _message(run_id, body, correlation_id)
+            channel.basic_publish(
+                settings.RABBITMQ_EXCHANGE, key, message.body, message_properties(message)
+            )
+        if not confirm:
+            conn.channel(on_open_callback=watch_depth)
+
+    def watch_depth(channel) -> None:
+        """Without confirms: the clock stops when the queue holds every message."""
+
+        def on_depth(frame) -> None:
+            if frame.method.message_count >= total:
+                state["finished"] = time.perf_counter()
+                conn.close()
+            else:
+                conn.ioloop.call_later(0.005, ask)
+
+        def ask() -> None:
+            channel.queue_declare(topology.queue_name("default"), passive=True, callback=on_depth)
+
+        ask()
+
+    def on_channel(channel) -> None:
+        if confirm:
+            channel.confirm_delivery(on_confirm, callback=lambda _frame: publish_all(channel))
+        else:
+            publish_all(channel)
+
+    def on_close(_conn, _reason) -> None:
+        conn.ioloop.stop()
+
+    conn = pika.SelectConnection(
+        pika.URLParameters(settings.RABBITMQ_URL),
+        on_open_callback=lambda c: c.channel(on_open_callback=on_channel),
+        on_open_error_callback=lambda _c, exc: conn.ioloop.stop(),
+        on_close_callback=on_close,
+    )
+    # A broker that stops answering ends the round with an error, not a hang.
+    conn.ioloop.call_later(ROUND_TIMEOUT, conn.ioloop.stop)
+    conn.ioloop.start()
+    if not state["finished"]:
+        raise RuntimeError(f"RabbitMQ did not answer within {ROUND_TIMEOUT} s: {state}")
+    return state["started"], state["finished"], state
 
 
-def bench_rabbitmq(rows: int, batch_size: int) -> dict:
-    truncate()
-    insert_rows(rows)
-    bodies = pending_bodies()
-    relay_seconds = relay_drain(batch_size)
-    purge_rabbit("default")
-    raw_seconds = raw_pika_publish(bodies)
-    purge_rabbit("default")
+def raw_pika_publish(rows) -> float:
+    """The ceiling: the same messages, persistent, no confirms, written as fast as pika
+    writes, the clock stopped when the queue holds them all."""
+    started, finished, _ = _select_publish(rows, confirm=False)
+    return finished - started
+
+
+def raw_pika_confirmed(rows) -> float:
+    """The same messages with publisher confirms, pipelined: every message written, the
+    clock stopped at the last confirm."""
+    started, finished, state = _select_publish(rows, confirm=True)
+    assert state["count"] == len(rows) and not state["nacked"], state
+    return finished - started
+
+
+RABBITMQ_CONTENDERS = ("relay", "raw_unconfirmed", "raw_confirmed")
+
+
+def bench_rabbitmq(rows: int, batch_size: int, rounds: int) -> dict:
+    """Interleaved rounds of the three; rates and per-round ratios, medians."""
+    seconds: dict[str, list[float]] = {name: [] for name in RABBITMQ_CONTENDERS}
+    for number in range(rounds):
+        truncate()
+        insert_rows(rows)
+        bodies = pending_bodies()
+        purge_rabbit("default")
+        shift = number % len(RABBITMQ_CONTENDERS)
+        for name in RABBITMQ_CONTENDERS[shift:] + RABBITMQ_CONTENDERS[:shift]:
+            if name == "relay":
+                seconds[name].append(relay_drain(batch_size))
+            elif name == "raw_unconfirmed":
+                seconds[name].append(raw_pika_publish(bodies))
+            else:
+                seconds[name].append(raw_pika_confirmed(bodies))
+            purge_rabbit("default")
+        print(
+            "rabbitmq round",
+            number + 1,
+            json.dumps({name: round(rows / seconds[name][-1]) for name in seconds}),
+            flush=True,
+        )
+    relay = seconds["relay"]
+
+    def ratios(name: str) -> list[float]:
+        return [raw / ours for raw, ours in zip(seconds[name], relay, strict=True)]
+
     return {
         "rows": rows,
-        "relay_per_s": rows / relay_seconds,
-        "raw_per_s": rows / raw_seconds,
-        "ratio": raw_seconds / relay_seconds,
+        "rounds": rounds,
+        "batch": batch_size,
+        **{
+            f"{name}_per_s": round(rows / statistics.median(values))
+            for name, values in seconds.items()
+        },
+        "ratio_to_raw_unconfirmed": round(statistics.median(ratios("raw_unconfirmed")), 3),
+        "ratio_to_raw_confirmed": round(statistics.median(ratios("raw_confirmed")), 3),
+        "ratio_to_raw_unconfirmed_per_round": [round(r, 3) for r in ratios("raw_unconfirmed")],
     }
 
 
@@ -297,12 +408,14 @@ def bench_history(rows: int, history: int, batch_size: int) -> dict:
 
 
 def cleanup() -> None:
+    """Delete the run's queues and exchange (those of a crashed run too: same names)."""
     conn, channel = rabbit_channel()
     for destination in QUEUES:
         channel.queue_delete(topology.queue_name(destination))
         channel.queue_delete(topology.dead_letter_queue_name(destination))
     channel.exchange_delete(settings.RABBITMQ_EXCHANGE)
     conn.close()
+    redis.Redis.from_url(settings.REDIS_URL).delete(settings.OUTBOX_WAKE_KEY)
 
 
 def main() -> None:
@@ -313,16 +426,20 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="dispatches per second")
     parser.add_argument("--history", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=settings.RELAY_BATCH_SIZE)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", choices=["rabbitmq", "sqs", "latency", "history"])
     args = parser.parse_args()
 
     subprocess.run([sys.executable, "scripts/ensure_database.py"], cwd=ROOT, check=True)
     call_command("migrate", verbosity=0)
-    tag = uuid.uuid4().hex[:6]
+    # Named after the database: a crashed run's leftovers are found, and deleted, here.
+    tag = settings.DATABASES["default"]["NAME"]
     settings.QUEUE_PREFIX = f"bench-{tag}-"
     settings.RABBITMQ_EXCHANGE = f"dom_med_bench_{tag}"
     settings.REDIS_KEY_PREFIX = f"bench-{tag}"
     settings.OUTBOX_WAKE_KEY = f"bench-{tag}:outbox:wake"
+    cleanup()
+    truncate()
     transport = get_transport("rabbitmq")
     transport.setup_topology()
     transport.close()
@@ -330,7 +447,7 @@ def main() -> None:
     results = {}
     try:
         if args.only in (None, "rabbitmq"):
-            results["rabbitmq"] = bench_rabbitmq(args.rows, args.batch)
+            results["rabbitmq"] = bench_rabbitmq(args.rows, args.batch, args.rounds)
             print("rabbitmq", json.dumps(results["rabbitmq"]), flush=True)
         if args.only in (None, "sqs"):
             results["sqs"] = bench_sqs(args.sqs_rows, args.batch)

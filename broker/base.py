@@ -33,6 +33,8 @@ class OutgoingMessage:
     body: bytes
     correlation_id: str = ""
     event: str | None = None
+    # The row's tenant, for the relay's log lines (not sent: the envelope carries it).
+    tenant_id: str | None = None
 
 
 @dataclass
@@ -44,8 +46,21 @@ class SendResult:
     error: str | None = None
 
 
+class PendingSend:
+    """A batch handed to the transport whose answers may not all be in yet."""
+
+    def __init__(self, result: SendResult) -> None:
+        self._result = result
+
+    def result(self) -> SendResult:
+        """The broker's answer to each message (waits for it)."""
+        return self._result
+
+
 class Transport(ABC):
     name: str
+    # Batches ``begin`` can have in flight at once (1: ``begin`` waits for the answers).
+    max_in_flight = 1
 
     @abstractmethod
     def setup_topology(self) -> None:
@@ -59,6 +74,11 @@ class Transport(ABC):
     @abstractmethod
     def send(self, messages: Sequence[OutgoingMessage]) -> SendResult:
         """Publish and wait for the broker's answer to each message."""
+
+    def begin(self, messages: Sequence[OutgoingMessage]) -> PendingSend:
+        """Start publishing; the answers come with ``result()`` of what it returns. The
+        default publishes and waits at once."""
+        return PendingSend(self.send(messages))
 
     @abstractmethod
     def close(self) -> None:

@@ -35,7 +35,13 @@ from django.conf import settings
 from pika import spec
 
 from broker import topology
-from broker.base import OutgoingMessage, SendResult, Transport, TransportUnavailable
+from broker.base import (
+    OutgoingMessage,
+    PendingSend,
+    SendResult,
+    Transport,
+    TransportUnavailable,
+)
 from broker.topology import QUEUES
 
 logger = logging.getLogger("hubdommed.relay")
@@ -137,9 +143,154 @@ def connection_parameters(url: str | None = None) -> pika.URLParameters:
     return params
 
 
+class _CorkedConnection(pika.SelectConnection):
+    """A ``SelectConnection`` that can hold back the frames it writes and hand them to the
+    socket as one buffer: pika gives each frame (a message is three: method, header, body)
+    its own ``send``; a corked batch of 500 messages goes out in one call, or as few as
+    the socket's buffer allows."""
+
+    _cork: list[bytes] | None = None
+
+    def _adapter_emit_data(self, data: bytes) -> None:
+        if self._cork is not None:
+            self._cork.append(data)
+        else:
+            super()._adapter_emit_data(data)
+
+    @contextlib.contextmanager
+    def corked(self):
+        self._cork = []
+        try:
+            yield
+        finally:
+            frames, self._cork = self._cork, None
+            if frames:
+                super()._adapter_emit_data(b"".join(frames))
+
+
+class _Publisher:
+    """A channel in confirm mode and the answers it waits for: one batch at a time."""
+
+    def __init__(self, conn: _Connection) -> None:
+        self.conn = conn
+        self.channel: Any = None
+        # Taken by a batch from ``RabbitMQTransport.begin`` until its answers are collected.
+        self.busy = False
+        # Delivery tag -> message, answers collected by the callbacks into ``result``.
+        self.tag = 0
+        self.outstanding: dict[int, OutgoingMessage] = {}
+        self.returned: dict[str, str] = {}
+        self.result = SendResult()
+        # Why the broker closed the channel (reply code, text), if it did.
+        self.closed: tuple[int, str] | None = None
+        self.open()
+
+    def open(self) -> None:
+        """A new channel in confirm mode (delivery tags start again at 1)."""
+        self.tag = 0
+        self.outstanding = {}
+        self.closed = None
+        self.channel = self.conn.open_channel(on_close=self._on_close)
+        confirmed: list[Any] = []
+        self.channel.confirm_delivery(
+            self._on_confirm, callback=lambda frame: (confirmed.append(frame), self.conn.wake())
+        )
+        self.channel.add_on_return_callback(self._on_return)
+        self.conn.run_until(lambda: bool(confirmed), CONNECT_TIMEOUT)
+
+    @property
+    def is_open(self) -> bool:
+        return self.channel.is_open
+
+    def answered(self) -> bool:
+        return not self.outstanding or self.closed is not None
+
+    def write(self, messages: Sequence[OutgoingMessage], result: SendResult) -> None:
+        """Hand the messages to the socket, in one buffer, without waiting for answers."""
+        self.result = result
+        self.returned = {}
+        exchange = settings.RABBITMQ_EXCHANGE
+        publish = self.channel.basic_publish
+        outstanding = self.outstanding
+        try:
+            with self.conn.connection.corked():
+                for message in messages:
+                    publish(
+                        exchange,
+                        topology.routing_key(message.destination, message.task),
+                        message.body,
+                        message_properties(message),
+                        # Unroutable messages come back (Basic.Return) instead of vanishing.
+                        mandatory=True,
+                    )
+                    self.tag += 1
+                    outstanding[self.tag] = message
+        except pika.exceptions.ChannelWrongStateError:
+            # Closed under us while writing: the close's reason is on its way, and
+            # ``collect`` waits for it.
+            pass
+        except pika.exceptions.AMQPError as exc:
+            self.conn.error = self.conn.error or f"RabbitMQ publish failed: {exc!r}"
+            raise TransportUnavailable(self.conn.error) from exc
+
+    def collect(
+        self, messages: Sequence[OutgoingMessage]
+    ) -> tuple[tuple[int, str] | None, list[OutgoingMessage]]:
+        """Wait until each message ``write`` took is answered or the channel closes: (why
+        it closed or None, the messages left unanswered in order)."""
+        if self.channel.is_closing or self.channel.is_closed:
+            self.conn.run_until(lambda: self.closed is not None, CONNECT_TIMEOUT)
+        else:
+            self.conn.run_until(self.answered, ANSWER_TIMEOUT)
+        unanswered = list(self.outstanding.values())
+        self.outstanding.clear()
+        if self.closed is None:
+            return None, unanswered
+        # The written-but-unsent tail is in ``messages`` after the unanswered ones.
+        answered = set(self.result.sent) | set(self.result.rejected)
+        return self.closed, [m for m in messages if m.key not in answered]
+
+    def _on_close(self, _channel, reason: BaseException) -> None:
+        # The outstanding confirms are lost with it; ``publish`` sorts out why.
+        self.closed = (
+            getattr(reason, "reply_code", 0),
+            getattr(reason, "reply_text", "") or repr(reason),
+        )
+        self.conn.connection.ioloop.stop()
+
+    def _on_return(self, _channel, method, properties, _body) -> None:
+        self.returned[properties.message_id] = f"unroutable: {method.reply_text}"
+
+    def _on_confirm(self, frame) -> None:
+        method = frame.method
+        acked = isinstance(method, spec.Basic.Ack)
+        tag = method.delivery_tag
+        outstanding = self.outstanding
+        settled = []
+        if method.multiple:
+            while outstanding:
+                first = next(iter(outstanding))
+                if first > tag:
+                    break
+                settled.append(outstanding.pop(first))
+        elif tag in outstanding:
+            settled.append(outstanding.pop(tag))
+        result = self.result
+        for message in settled:
+            reason = self.returned.pop(message.run_id, None)
+            if acked and reason is None:
+                result.sent.append(message.key)
+            else:
+                result.rejected[message.key] = reason or "nacked by RabbitMQ"
+        if not outstanding:
+            self.conn.wake()
+
+
 class _Connection:
     """A ``SelectConnection`` used synchronously: each call runs the I/O loop until the
-    answer it needs has arrived, the connection failed, or time ran out."""
+    answer it needs has arrived, the connection failed, or time ran out. Confirms of every
+    channel are handled whichever answer the loop is waiting for, so batches published on
+    two channels are answered while the relay waits for either."""
 
     def __init__(self, params: pika.URLParameters) -> None:
         self.error: str | None = None
@@ -148,35 +299,24 @@ class _Connection:
         self._last_io = time.monotonic()
         self._topology_channel: Any = None
         self._channel_error: str | None = None
-        self.connection = pika.SelectConnection(
+        self.connection = _CorkedConnection(
             params,
-            on_open_callback=lambda _c: self._wake(),
+            on_open_callback=lambda _c: self.wake(),
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_close,
         )
         self.run_until(lambda: self.connection.is_open, CONNECT_TIMEOUT)
-        # Publishing state: delivery tag -> message, answers collected by the callbacks.
-        self._tag = 0
-        self._outstanding: dict[int, OutgoingMessage] = {}
-        self._returned: dict[str, str] = {}
-        self._result = SendResult()
-        # Why the broker closed the publishing channel (reply code, text), if it did.
-        self._publisher_closed: tuple[int, str] | None = None
-        self.publisher: Any = None
-        self.open_publisher()
+        self._publishers: list[_Publisher] = []
+        self.free_publisher()  # the first batch finds its channel open
 
-    def open_publisher(self) -> None:
-        """A new publishing channel in confirm mode (delivery tags start again at 1)."""
-        self._tag = 0
-        self._outstanding = {}
-        self._publisher_closed = None
-        self.publisher = self.open_channel()
-        confirmed: list[Any] = []
-        self.publisher.confirm_delivery(
-            self._on_confirm, callback=lambda frame: (confirmed.append(frame), self._wake())
-        )
-        self.publisher.add_on_return_callback(self._on_return)
-        self.run_until(lambda: bool(confirmed), CONNECT_TIMEOUT)
+    def free_publisher(self) -> _Publisher:
+        """A publishing channel no batch is using (opened if all are)."""
+        for publisher in self._publishers:
+            if not publisher.busy:
+                return publisher
+        publisher = _Publisher(self)
+        self._publishers.append(publisher)
+        return publisher
 
     # -- the I/O loop ------------------------------------------------------------------------
 
@@ -200,7 +340,8 @@ class _Connection:
                 self._last_io = time.monotonic()
 
     def poll(self) -> None:
-        """Run the I/O loop once without waiting: handle whatever the broker sent."""
+        """Run the I/O loop once without waiting: write what is buffered, handle whatever
+        the broker sent."""
         ioloop = self.connection.ioloop
         ioloop.call_later(0, ioloop.stop)
         try:
@@ -208,7 +349,7 @@ class _Connection:
         finally:
             self._last_io = time.monotonic()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
         if self._until is not None and (self.error or self._until()):
             self.connection.ioloop.stop()
 
@@ -252,23 +393,17 @@ class _Connection:
 
     # -- channels and declarations --------------------------------------------------------------
 
-    def open_channel(self) -> Any:
+    def open_channel(self, on_close: Callable[[Any, BaseException], None] | None = None) -> Any:
         opened: list[Any] = []
-        self.connection.channel(on_open_callback=lambda ch: (opened.append(ch), self._wake()))
+        self.connection.channel(on_open_callback=lambda ch: (opened.append(ch), self.wake()))
         self.run_until(lambda: bool(opened), CONNECT_TIMEOUT)
         channel = opened[0]
-        channel.add_on_close_callback(self._on_channel_close)
+        channel.add_on_close_callback(on_close or self._on_topology_close)
         return channel
 
-    def _on_channel_close(self, channel, reason: BaseException) -> None:
+    def _on_topology_close(self, channel, reason: BaseException) -> None:
         if channel is self._topology_channel:
             self._channel_error = str(reason)
-        elif channel is self.publisher:
-            # The outstanding confirms are lost with it; ``publish`` sorts out why.
-            self._publisher_closed = (
-                getattr(reason, "reply_code", 0),
-                getattr(reason, "reply_text", "") or repr(reason),
-            )
         self.connection.ioloop.stop()
 
     def declare(self, method: str, kwargs: dict[str, Any]) -> None:
@@ -278,7 +413,7 @@ class _Connection:
         channel = self._topology_channel
         answers: list[Any] = []
         getattr(channel, method)(
-            callback=lambda frame: (answers.append(frame), self._wake()), **kwargs
+            callback=lambda frame: (answers.append(frame), self.wake()), **kwargs
         )
         self.run_until(lambda: bool(answers) or self._channel_error is not None, CONNECT_TIMEOUT)
         if not answers:
@@ -288,28 +423,36 @@ class _Connection:
 
     def publish(
         self,
+        publisher: _Publisher,
         messages: Sequence[OutgoingMessage],
         result: SendResult,
         redeclare: Callable[[Sequence[OutgoingMessage]], None],
+        *,
+        written: bool = False,
     ) -> None:
-        """Publish and collect the broker's answer to each message.
+        """Publish on ``publisher`` and collect the broker's answer to each message.
 
         Answers go into ``result``. Pipelined while the broker takes them; after the
         channel closed over a message, the unanswered ones go one at a time until the next
         close names its culprit (the broker handles a channel's messages in order, so the
         culprit is the first message whose publish closes the channel), then pipelined
-        again. Raises
-        ``TransportUnavailable`` only for an outage: the caller counts what is left.
-        ``redeclare`` declares the exchange and the messages' queues again, after a 404.
+        again. ``written``: the messages were handed to the channel already (``begin``),
+        only their answers are left to collect. Raises ``TransportUnavailable`` only for
+        an outage: the caller counts what is left. ``redeclare`` declares the exchange and
+        the messages' queues again, after a 404.
         """
         pending = list(messages)
         one_at_a_time = False
         redeclared = False
         while pending:
-            if not self.publisher.is_open:
-                self.open_publisher()
-            batch = pending[:1] if one_at_a_time else pending
-            closed, unanswered = self._publish_batch(batch, result)
+            if written:
+                batch, written = pending, False
+            else:
+                if not publisher.is_open:
+                    publisher.open()
+                batch = pending[:1] if one_at_a_time else pending
+                publisher.write(batch, result)
+            closed, unanswered = publisher.collect(batch)
             pending = unanswered + pending[len(batch) :]
             if closed is None:
                 continue
@@ -331,74 +474,53 @@ class _Connection:
                     f"RabbitMQ closed the publishing channel: ({code}) {text}"
                 )
 
-    def _publish_batch(
-        self, messages: Sequence[OutgoingMessage], result: SendResult
-    ) -> tuple[tuple[int, str] | None, list[OutgoingMessage]]:
-        """Publish on the current channel until each message is answered or the channel
-        closes: (why it closed or None, the messages left unanswered in order)."""
-        self._result = result
-        self._returned = {}
-        exchange = settings.RABBITMQ_EXCHANGE
+
+class _InFlight(PendingSend):
+    """A batch written to a channel of its own, its confirms still on their way."""
+
+    def __init__(
+        self,
+        transport: RabbitMQTransport,
+        conn: _Connection,
+        publisher: _Publisher,
+        messages: list[OutgoingMessage],
+        result: SendResult,
+    ) -> None:
+        super().__init__(result)
+        self._transport = transport
+        self._conn = conn
+        self._publisher = publisher
+        self._messages = messages
+        self._done = False
+
+    def result(self) -> SendResult:
+        if self._done:
+            return self._result
+        self._done = True
+        result = self._result
         try:
-            for message in messages:
-                self.publisher.basic_publish(
-                    exchange,
-                    topology.routing_key(message.destination, message.task),
-                    message.body,
-                    message_properties(message),
-                    # Unroutable messages come back (Basic.Return) instead of vanishing.
-                    mandatory=True,
-                )
-                self._tag += 1
-                self._outstanding[self._tag] = message
-            self.run_until(
-                lambda: not self._outstanding or self._publisher_closed is not None,
-                ANSWER_TIMEOUT,
+            self._conn.publish(
+                self._publisher,
+                self._messages,
+                result,
+                self._transport._redeclare,
+                written=True,
             )
-        except pika.exceptions.ChannelWrongStateError:
-            # Closed under us while writing: the close's reason is on its way.
-            self.run_until(lambda: self._publisher_closed is not None, CONNECT_TIMEOUT)
-        except pika.exceptions.AMQPError as exc:
-            self.error = self.error or f"RabbitMQ publish failed: {exc!r}"
-            raise TransportUnavailable(self.error) from exc
-        unanswered = list(self._outstanding.values())
-        self._outstanding.clear()
-        if self._publisher_closed is None:
-            return None, unanswered
-        # The written-but-unsent tail is in ``messages`` after the unanswered ones.
-        answered = set(result.sent) | set(result.rejected)
-        unanswered = [m for m in messages if m.key not in answered]
-        return self._publisher_closed, unanswered
-
-    def _on_return(self, _channel, method, properties, _body) -> None:
-        self._returned[properties.message_id] = f"unroutable: {method.reply_text}"
-
-    def _on_confirm(self, frame) -> None:
-        method = frame.method
-        acked = isinstance(method, spec.Basic.Ack)
-        tag = method.delivery_tag
-        outstanding = self._outstanding
-        settled = []
-        if method.multiple:
-            while outstanding:
-                first = next(iter(outstanding))
-                if first > tag:
-                    break
-                settled.append(outstanding.pop(first))
-        elif tag in outstanding:
-            settled.append(outstanding.pop(tag))
-        for message in settled:
-            reason = self._returned.pop(message.run_id, None)
-            if acked and reason is None:
-                self._result.sent.append(message.key)
-            else:
-                self._result.rejected[message.key] = reason or "nacked by RabbitMQ"
-        if not outstanding:
-            self._wake()
+        except TransportUnavailable as exc:
+            settled = set(result.sent) | set(result.rejected)
+            result.unconfirmed = [m.key for m in self._messages if m.key not in settled]
+            result.error = str(exc)
+            self._transport._lost(self._conn)
+        finally:
+            self._publisher.busy = False
+        return result
 
 
 class RabbitMQTransport(Transport):
     name = "rabbitmq"
+    # Two batches in flight, each on a channel of its own: one is written (and the next
+    # claimed) while the broker confirms the other.
+    max_in_flight = 2
 
     def __init__(self) -> None:
         self._conn: _Connection | None = None
@@ -458,13 +580,17 @@ class RabbitMQTransport(Transport):
         self._declared.add(destination)
 
     def send(self, messages: Sequence[OutgoingMessage]) -> SendResult:
+        return self.begin(messages).result()
+
+    def begin(self, messages: Sequence[OutgoingMessage]) -> PendingSend:
+        """Write the batch on a free channel and return without waiting for its confirms."""
         result = SendResult()
         if not messages:
-            return result
+            return PendingSend(result)
         try:
             conn = self._connection()
         except TransportUnavailable as exc:
-            return SendResult(unconfirmed=[m.key for m in messages], error=str(exc))
+            return PendingSend(SendResult(unconfirmed=[m.key for m in messages], error=str(exc)))
         publishable: list[OutgoingMessage] = []
         refused: dict[str, str] = {}
         for message in messages:
@@ -475,7 +601,9 @@ class RabbitMQTransport(Transport):
                 except (topology.UnknownDestination, TopologyError) as exc:
                     refused[destination] = str(exc)
                 except TransportUnavailable as exc:
-                    return SendResult(unconfirmed=[m.key for m in messages], error=str(exc))
+                    return PendingSend(
+                        SendResult(unconfirmed=[m.key for m in messages], error=str(exc))
+                    )
             if destination in refused:
                 result.rejected[message.key] = refused[destination]
             else:
@@ -483,13 +611,29 @@ class RabbitMQTransport(Transport):
         # Declaring may have replaced a connection found dead meanwhile.
         conn = self._conn or conn
         try:
-            conn.publish(publishable, result, self._redeclare)
+            publisher = conn.free_publisher()
+            publisher.busy = True
         except TransportUnavailable as exc:
-            settled = set(result.sent) | set(result.rejected)
-            result.unconfirmed = [m.key for m in publishable if m.key not in settled]
+            result.unconfirmed = [m.key for m in publishable]
             result.error = str(exc)
+            self._lost(conn)
+            return PendingSend(result)
+        flight = _InFlight(self, conn, publisher, publishable, result)
+        try:
+            if not publisher.is_open:
+                publisher.open()
+            publisher.write(publishable, result)
+            # Out to the socket now, not when the answers are awaited: the broker works on
+            # this batch while the relay claims the next.
+            conn.poll()
+        except TransportUnavailable:
+            pass  # ``result()`` finds the connection failed and counts what is left
+        return flight
+
+    def _lost(self, conn: _Connection) -> None:
+        """A connection failed under a batch: dropped, if it is still the current one."""
+        if conn is self._conn:
             self.close()
-        return result
 
     def close(self) -> None:
         if self._conn is not None:

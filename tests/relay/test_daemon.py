@@ -106,7 +106,7 @@ def test_the_daemon_wakes_on_a_commit_well_before_its_sweep_and_exits_0_on_sigte
 
     assert process.returncode == 0, err
     assert "relay stopped: 2 messages sent in 2 batches" in out
-    batch_lines = [line for line in err.splitlines() if "relay batch" in line]
+    batch_lines = [line for line in err.splitlines() if "relayed batch" in line]
     assert len(batch_lines) == 2, "one log line per batch"
 
 

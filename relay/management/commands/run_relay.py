@@ -27,6 +27,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from broker import TransportUnavailable
 from lifecycle import Backoff, Stop
+from relay import metrics
 from relay.engine import OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX, OutboxRelay
 from relay.schedules import enqueue_due_schedules
 
@@ -82,7 +83,8 @@ class Command(BaseCommand):
         return enqueued
 
     def drain(self) -> None:
-        """Passes until nothing is due (or the broker is unreachable, or we are asked to stop)."""
+        """Batches until nothing is due (or the broker is unreachable, or we are asked to
+        stop), more than one in flight where the transport allows it."""
         # A connection the database dropped while the relay was idle (a restart, a
         # terminated backend) is replaced here, not found dead by the first statement:
         # with CONN_HEALTH_CHECKS, the first query after this checks it. Not inside a
@@ -91,22 +93,24 @@ class Command(BaseCommand):
             close_old_connections()
         if time.monotonic() - self._schedules_checked_at >= SCHEDULE_CHECK_INTERVAL:
             self.enqueue_due_schedules()
-        while not self.shutdown and self.relay_one_batch():
-            pass
+        self.relay.drain(stop=lambda: self.shutdown)
 
     def wait_for_signal(self, timeout: float | None = None) -> None:
         """Block until the wake signal or ``timeout`` (the sweep interval), whichever comes
         first; SIGTERM ends the wait within a slice."""
         timeout = settings.RELAY_SWEEP_INTERVAL if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        source = None
         try:
             # In slices, so that SIGTERM never waits a whole (possibly long) sweep interval.
             while not self.shutdown:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    source = "sweep"
                     break
                 slice_ = min(remaining, BLPOP_SLICE)
                 if self.redis.blpop([settings.OUTBOX_WAKE_KEY], timeout=slice_) is not None:
+                    source = "signal"
                     break
         except (redis.RedisError, OSError) as exc:
             if not self._redis_down:
@@ -117,7 +121,10 @@ class Command(BaseCommand):
                 )
                 self._redis_down = True
             self.stop.wait(timeout)
+            metrics.WAKES.labels(source="sweep").inc()
             return
+        if source is not None:
+            metrics.WAKES.labels(source=source).inc()
         if self._redis_down:
             logger.info("Redis reachable again: waking on the outbox signal")
             self._redis_down = False
@@ -166,6 +173,7 @@ class Command(BaseCommand):
     def run_forever(self) -> None:
         self.stop.install()
         while not self.shutdown:
+            self.relay.heartbeat.beat()
             try:
                 self.drain()
             except (OperationalError, InterfaceError) as exc:
