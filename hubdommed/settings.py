@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "outbox",
     "relay",
     "worker",
+    "webhook",
 ]
 
 MIDDLEWARE = [
@@ -282,6 +283,7 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "JobStatusEnum": "job.models.JobStatus",
         "WorkerStatusEnum": "automation.models.Worker.Status",
+        "WebhookEndpointStatusEnum": "webhook.models.EndpointStatus",
     },
 }
 
@@ -360,6 +362,45 @@ if not DEBUG:
 # Access tokens are signed with their own key when one is given (rotating it logs everyone out
 # without touching sessions or password resets), else with SECRET_KEY.
 ACCESS_TOKEN_SIGNING_KEY = env.str("ACCESS_TOKEN_SIGNING_KEY", default="") or SECRET_KEY
+
+# --- Webhooks -----------------------------------------------------------------------------
+# true only in development and tests: deliveries may then reach loopback and private
+# addresses (never the cloud's metadata service), and plain-HTTP endpoints are accepted.
+WEBHOOK_ALLOW_PRIVATE_ADDRESSES = env.bool("WEBHOOK_ALLOW_PRIVATE_ADDRESSES", default=False)
+# Seconds to connect, to wait for each read of the answer, and for the whole request.
+WEBHOOK_CONNECT_TIMEOUT = env.float("WEBHOOK_CONNECT_TIMEOUT", default=3.0, minimum=0.05)
+WEBHOOK_READ_TIMEOUT = env.float("WEBHOOK_READ_TIMEOUT", default=5.0, minimum=0.05)
+WEBHOOK_TIMEOUT = env.float("WEBHOOK_TIMEOUT", default=10.0, minimum=0.1)
+# Bytes of a receiver's answer read (the rest is never read); the first 1 KiB is kept.
+WEBHOOK_MAX_RESPONSE_BYTES = env.int("WEBHOOK_MAX_RESPONSE_BYTES", default=4096, minimum=0)
+# Redirects followed (307/308 only, each hop checked like the first); 0: none.
+WEBHOOK_MAX_REDIRECTS = env.int("WEBHOOK_MAX_REDIRECTS", default=0, minimum=0)
+# Seconds before each retry of a delivery that timed out or got 429/5xx: about a day in all.
+_retry_delays = env.list(
+    "WEBHOOK_RETRY_DELAYS",
+    default=["5", "30", "120", "600", "1800", "3600", "7200", "14400", "28800", "28800"],
+)
+try:
+    WEBHOOK_RETRY_DELAYS = [float(delay) for delay in _retry_delays]
+except ValueError:
+    WEBHOOK_RETRY_DELAYS = []
+if not WEBHOOK_RETRY_DELAYS or any(delay < 0 for delay in WEBHOOK_RETRY_DELAYS):
+    raise ImproperlyConfigured(
+        f"WEBHOOK_RETRY_DELAYS={','.join(_retry_delays)!r} must be non-negative seconds, "
+        "comma-separated"
+    )
+# An endpoint whose every attempt failed for this long is disabled (5 days).
+WEBHOOK_DISABLE_AFTER_SECONDS = env.int(
+    "WEBHOOK_DISABLE_AFTER_SECONDS", default=5 * 24 * 3600, minimum=60
+)
+# After a rotation the old secret keeps signing too for this long (24 hours).
+WEBHOOK_SECRET_GRACE_SECONDS = env.int("WEBHOOK_SECRET_GRACE_SECONDS", default=86400, minimum=0)
+# A slow or failing receiver gets one attempt in flight at a time: an attempt running for
+# longer than this marks it slow, and its other deliveries wait this long before trying again.
+WEBHOOK_SLOW_SECONDS = env.float("WEBHOOK_SLOW_SECONDS", default=1.0, minimum=0.05)
+WEBHOOK_DEFER_SECONDS = env.float("WEBHOOK_DEFER_SECONDS", default=2.0, minimum=0.05)
+# CA bundle that verifies receivers' certificates (default: certifi's).
+WEBHOOK_CA_BUNDLE = env.str("WEBHOOK_CA_BUNDLE", default="")
 
 # --- Machines and the automation worker ---------------------------------------------------
 # Where an automation's worker reaches the hub's API.

@@ -30,6 +30,7 @@ api_v1 = [
     path("", include("automation.urls")),
     path("", include("job.urls")),
     path("", include("schedule.urls")),
+    path("", include("webhook.urls")),
 ]
 
 urlpatterns = [

@@ -24,7 +24,7 @@ import json
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -36,6 +36,7 @@ from django.utils import timezone
 from broker.topology import automation_queue_name
 from common.context import get_correlation_id
 from outbox.catalog import TaskSpec, get_catalog
+from outbox.listeners import RecordedEvent, notify_listeners
 from outbox.models import Event, OutboxMessage, PlatformOutboxMessage, TaskRun, clock_timestamp
 from outbox.wake import signal_relay_on_commit
 
@@ -114,6 +115,26 @@ def publish(
         correlation_id=get_correlation_id(),
     )
     event_id = runs.write_with_event(record)
+    # Apps that keep rows of their own for each event (webhook deliveries) write them now,
+    # in the caller's transaction. A listener that fails fails the publish, which leaves
+    # nothing behind, as any refusal of ``publish`` (each listener writes its rows in one
+    # statement, so it leaves none either).
+    try:
+        notify_listeners(
+            RecordedEvent(
+                id=event_id,
+                type=event,
+                tenant_id=tenant_id,
+                aggregate_type=aggregate_type,
+                aggregate_id=aggregate_id,
+                payload=record.payload,
+                occurred_at=record.occurred_at,
+            )
+        )
+    except Exception:
+        if not connection.needs_rollback:
+            runs.undo(event_id)
+        raise
     return Published(event_id=event_id, run_ids=tuple(runs.run_ids))
 
 
@@ -154,8 +175,10 @@ class _Runs:
 
     def write_with_event(self, event: Event) -> int:
         """Write the event's trail row, the outbox rows and their runs, in one statement
-        (the envelopes take the new row's id there). Returns the event's id."""
-        event_id = self._execute(with_event=event)
+        (the envelopes take the new row's id there). Returns the event's id; ``event``
+        gets its id and the database's ``occurred_at``."""
+        event_id, event.occurred_at = self._execute(with_event=event)
+        event.pk = event_id
         for message, size in zip(self.messages, self.sizes, strict=True):
             message.envelope["event_id"] = event_id
             try:
@@ -163,13 +186,17 @@ class _Runs:
             except EnvelopeTooLarge:
                 # Only an envelope within a few bytes of the limit gets here: the id,
                 # known only now, made it longer than the check before could tell.
-                Event.objects.filter(pk=event_id).delete()
-                self.model.objects.filter(run_id__in=self.run_ids).delete()
-                TaskRun.objects.filter(run_id__in=self.run_ids).delete()
+                self.undo(event_id)
                 raise
         return event_id
 
-    def _execute(self, *, with_event: Event | None) -> int | None:
+    def undo(self, event_id: int | None) -> None:
+        """Delete what ``write_with_event`` wrote, for a publish refused after it."""
+        Event.objects.filter(pk=event_id).delete()
+        self.model.objects.filter(run_id__in=self.run_ids).delete()
+        TaskRun.objects.filter(run_id__in=self.run_ids).delete()
+
+    def _execute(self, *, with_event: Event | None) -> tuple[int | None, datetime | None]:
         """One statement for every row: a round trip, not one per table.
 
         The INSERTs are the ones ``bulk_create`` would send, built from the models, and
@@ -178,7 +205,7 @@ class _Runs:
         parts, params = [], []
         if with_event is not None:
             sql, values = _insert_sql(Event, [with_event])
-            parts.append(f'new_event AS ({sql} RETURNING "id")')
+            parts.append(f'new_event AS ({sql} RETURNING "id", "occurred_at")')
             params.extend(values)
             for message in self.messages:
                 message.envelope = _WithEventId(message.envelope)
@@ -190,16 +217,20 @@ class _Runs:
             sql, values = _insert_sql(self.model, self.messages)
             parts.append(f"new_messages AS ({sql})")
             params.extend(values)
-        result = "(SELECT id FROM new_event)" if with_event is not None else "NULL"
+        result = (
+            "(SELECT id FROM new_event), (SELECT occurred_at FROM new_event)"
+            if with_event is not None
+            else "NULL, NULL"
+        )
         with connection.cursor() as cursor:
             cursor.execute(f"WITH {', '.join(parts)} SELECT {result}", params)
-            (event_id,) = cursor.fetchone()
+            event_id, occurred_at = cursor.fetchone()
         for message in self.messages:
             if isinstance(message.envelope, _WithEventId):
                 message.envelope = message.envelope.envelope
         if self.messages:
             signal_relay_on_commit()
-        return event_id
+        return event_id, occurred_at
 
 
 class _WithEventId(RawSQL):

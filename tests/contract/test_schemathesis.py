@@ -45,6 +45,7 @@ from tests.factories import (
     UserFactory,
     bearer,
 )
+from webhook.services import endpoint_create
 
 pytestmark = pytest.mark.django_db
 
@@ -118,6 +119,12 @@ def seeded(settings) -> Seeded:
     schedule = schedule_create(
         tenant=tenant, actor=manager, automation_id=automation.pk, name="nightly", cron="0 6 * * *"
     )
+    endpoint = endpoint_create(
+        tenant=tenant,
+        url="https://hooks.example.com/hub",
+        event_types=["JobCompleted"],
+        actor=manager,
+    )
     return Seeded(
         headers={
             "anonymous": {},
@@ -133,6 +140,7 @@ def seeded(settings) -> Seeded:
             "automation_id": automation.pk,
             "job_id": pending.pk,
             "schedule_id": schedule.pk,
+            "endpoint_id": endpoint.pk,
             "tenant": tenant.pk,
             "sector": sector.pk,
             "automation": automation.pk,

@@ -22,13 +22,15 @@ from tests.factories import AutomationFactory, PlatformAdminFactory, UserFactory
 # Outside the request's transaction: the caller (authentication) and the automation
 # with its schema (the checks before the writes).
 # Inside it: BEGIN, the job, then JobCreated in the trail with its runs and outbox rows
-# (one statement), COMMIT.
+# (one statement), the tenant's webhook endpoints that want the event (none here: nothing
+# more is written), COMMIT.
 POST_STATEMENTS = [
     "SELECT users",
     "SELECT automations",
     "BEGIN",
     "INSERT jobs",
     "INSERT events + task_runs + outbox_messages",
+    "SELECT webhook_endpoints",
     "COMMIT",
 ]
 
@@ -71,7 +73,7 @@ def post_job(client, automation, **headers):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_post_is_six_round_trips_without_a_savepoint():
+def test_a_post_is_seven_round_trips_without_a_savepoint():
     user = UserFactory()
     automation = AutomationFactory()
     client = client_with_token(user)
@@ -108,6 +110,7 @@ def test_a_post_with_an_idempotency_key_adds_the_lookup_and_one_savepoint_only()
         "INSERT jobs",
         "RELEASE",
         "INSERT events + task_runs + outbox_messages",
+        "SELECT webhook_endpoints",
         "COMMIT",
     ]
     # A replay reads and writes nothing more than the job it returns.

@@ -1,0 +1,301 @@
+"""Webhook deliveries: how many per second reach receivers that answer at once, and what one
+receiver that never answers does to the other tenants' delivery latency.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/hub_webhook_bench \\
+        .venv/bin/python bench/webhooks.py [--deliveries N] [--rate R] [--seconds S] \\
+        [--concurrency C]
+
+The database must be migrated (``manage.py migrate``). The relay (``manage.py run_relay``) and
+one background worker (``manage.py run_worker --queues default``) run as real processes, with
+broker names and a Redis prefix of this run's own; the receivers are HTTP servers on loopback
+in this process (``WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true``), the timeouts are the production
+defaults.
+
+1. Throughput: N JobCompleted events of four tenants, each with one endpoint, committed in
+   one transaction; the clock runs from the commit to the last delivery received.
+2. Isolation: R events per second for S seconds to the four tenants' receivers, and as many
+   again to a fifth tenant's; latency from each of the four's events' commit to its arrival
+   at the receiver. Once with a fifth receiver that answers at once, then with one that
+   accepts the connection and never answers (same load, so the difference is the silence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+TAG = uuid.uuid4().hex[:6]
+# Shared with the relay and worker processes started below.
+RUN_ENV = {
+    "QUEUE_PREFIX": f"bench-wh-{TAG}-",
+    "RABBITMQ_EXCHANGE": f"dom_med_bench_wh_{TAG}",
+    "REDIS_KEY_PREFIX": f"bench-wh-{TAG}",
+    "WEBHOOK_ALLOW_PRIVATE_ADDRESSES": "true",
+    "BROKER": "rabbitmq",
+    "LOG_LEVEL": "warning",
+}
+os.environ.update(RUN_ENV)
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hubdommed.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+import pika  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.db import transaction  # noqa: E402
+
+from automation.models import Automation  # noqa: E402
+from broker import topology  # noqa: E402
+from identity.models import Tenant  # noqa: E402
+from job.models import Job  # noqa: E402
+from outbox.services import publish  # noqa: E402
+from sector.models import Sector  # noqa: E402
+from webhook.models import WebhookAttempt, WebhookEndpoint  # noqa: E402
+from webhook.services import endpoint_create  # noqa: E402
+
+HEALTHY_TENANTS = 4
+
+
+class Receiver:
+    """Records when each event arrived (by the event id in the body); ``hang``: never answers."""
+
+    def __init__(self, *, hang: bool = False) -> None:
+        self.arrivals: dict[int, float] = {}
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                arrived = time.time()
+                if hang:
+                    receiver.release.wait()
+                    return
+                event_id = int(body.split(b'"event_id":', 1)[1].split(b",", 1)[0])
+                with receiver.lock:
+                    receiver.arrivals.setdefault(event_id, arrived)
+                self.send_response(204)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+
+
+class Tenancy:
+    """A tenant, an automation, one job to report on, and one endpoint to its receiver."""
+
+    def __init__(self, receiver: Receiver, sector: Sector) -> None:
+        tag = uuid.uuid4().hex[:8]
+        self.tenant = Tenant.objects.create(name=f"Bench {tag}", slug=f"bench-{tag}")
+        automation = Automation.objects.create(
+            name=f"Bench {tag}", slug=f"bench-{tag}", sector=sector, command=["true"]
+        )
+        self.job = Job.objects.create(tenant=self.tenant, automation=automation, status="succeeded")
+        self.endpoint = endpoint_create(
+            tenant=self.tenant, url=receiver.url, event_types=["JobCompleted"], actor=None
+        )
+        self.receiver = receiver
+
+    def publish(self) -> int:
+        """One JobCompleted (inside the caller's transaction); its event id."""
+        payload = {"job_id": self.job.pk, "automation_id": self.job.automation_id}
+        return publish("JobCompleted", payload, tenant=self.tenant, aggregate=self.job).event_id
+
+
+def start_daemons(concurrency: int, log_dir: Path) -> list[subprocess.Popen]:
+    env = {**os.environ, **RUN_ENV, "HUBDOMMED_RELAY": "true"}
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "setup_broker"], env=env, check=True, capture_output=True)
+    # The processes keep their log files open for their whole life.
+    relay = subprocess.Popen(
+        [*manage, "run_relay"],
+        env=env,
+        stdout=open(log_dir / "relay.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+    )
+    worker = subprocess.Popen(
+        [*manage, "run_worker", "--queues", "default", "--concurrency", str(concurrency)],
+        env=env,
+        stdout=open(log_dir / "worker.log", "w"),  # noqa: SIM115
+        stderr=subprocess.STDOUT,
+    )
+    return [relay, worker]
+
+
+def wait_for(condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def arrived_all(expected: list[tuple[Tenancy, int]]):
+    """A cheap check that every expected event reached its receiver (the receivers share
+    this process: a check that walks everything each time would slow them down)."""
+    waiting = list(expected)
+
+    def check() -> bool:
+        nonlocal waiting
+        waiting = [(t, e) for t, e in waiting if e not in t.receiver.arrivals]
+        return not waiting
+
+    return check
+
+
+def throughput(tenancies: list[Tenancy], count: int) -> None:
+    expected: list[tuple[Tenancy, int]] = []
+    with transaction.atomic():
+        for number in range(count):
+            tenancy = tenancies[number % len(tenancies)]
+            expected.append((tenancy, tenancy.publish()))
+    committed = time.time()
+
+    if not wait_for(arrived_all(expected), timeout=600):
+        raise SystemExit("not every delivery arrived within 10 minutes")
+    last = max(t.receiver.arrivals[event_id] for t, event_id in expected)
+    elapsed = last - committed
+    event_ids = [event_id for _, event_id in expected]
+    # The attempt is recorded just after the receiver answered.
+    wait_for(
+        lambda: WebhookAttempt.objects.filter(delivery__event_id__in=event_ids).count() >= count,
+        timeout=30,
+    )
+    latencies = list(
+        WebhookAttempt.objects.filter(
+            delivery__endpoint__in=[t.endpoint for t in tenancies],
+            delivery__event_id__in=[e for _, e in expected],
+        ).values_list("latency_ms", flat=True)
+    )
+    print(
+        f"throughput: {count} deliveries to {len(tenancies)} receivers in {elapsed:.2f} s = "
+        f"{count / elapsed:.0f}/s; HTTP request p50 {statistics.median(latencies):.0f} ms, "
+        f"p95 {percentile(latencies, 95):.0f} ms"
+    )
+
+
+def steady(tenancies: list[Tenancy], fifth: Tenancy, rate: float, seconds: float) -> list[float]:
+    """``rate`` events per second to the four tenants, and as many to ``fifth`` (so that both
+    runs carry the same load); the four tenants' delivery latencies, in ms."""
+    sent: list[tuple[Tenancy, int, float]] = []
+    interval = 1.0 / rate
+    started = time.monotonic()
+    number = 0
+    while time.monotonic() - started < seconds:
+        tenancy = tenancies[number % len(tenancies)]
+        with transaction.atomic():
+            event_id = tenancy.publish()
+            fifth.publish()
+        sent.append((tenancy, event_id, time.time()))
+        number += 1
+        time.sleep(max(0.0, started + number * interval - time.monotonic()))
+
+    if not wait_for(arrived_all([(t, e) for t, e, _ in sent]), timeout=120):
+        missing = sum(event_id not in t.receiver.arrivals for t, event_id, _ in sent)
+        raise SystemExit(f"{missing} healthy deliveries never arrived")
+    return [(t.receiver.arrivals[event_id] - at) * 1000 for t, event_id, at in sent]
+
+
+def percentile(values, pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * pct / 100))]
+
+
+def describe(label: str, latencies: list[float]) -> None:
+    print(
+        f"{label:34} n={len(latencies):4}  p50 {statistics.median(latencies):6.0f} ms  "
+        f"p95 {percentile(latencies, 95):6.0f} ms  p99 {percentile(latencies, 99):6.0f} ms  "
+        f"max {max(latencies):6.0f} ms"
+    )
+
+
+def cleanup(daemons: list[subprocess.Popen], receivers: list[Receiver]) -> None:
+    # The hung tenant's deliveries would go on retrying: its endpoint ends them.
+    WebhookEndpoint.objects.filter(url__in=[r.url for r in receivers]).update(status="disabled")
+    for process in daemons:
+        process.terminate()
+    for process in daemons:
+        try:
+            process.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    for receiver in receivers:
+        receiver.close()
+    conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    try:
+        channel = conn.channel()
+        for destination in topology.QUEUES:
+            channel.queue_delete(topology.queue_name(destination))
+            channel.queue_delete(topology.dead_letter_queue_name(destination))
+        channel.exchange_delete(settings.RABBITMQ_EXCHANGE)
+    finally:
+        conn.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deliveries", type=int, default=2000)
+    parser.add_argument("--rate", type=float, default=20.0, help="healthy events per second")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--concurrency", type=int, default=settings.WORKER_CONCURRENCY)
+    args = parser.parse_args()
+
+    sector = Sector.objects.create(name=f"Bench {TAG}", slug=f"bench-{TAG}")
+    receivers = [Receiver() for _ in range(HEALTHY_TENANTS)]
+    fifth_receiver = Receiver()
+    hung_receiver = Receiver(hang=True)
+    tenancies = [Tenancy(receiver, sector) for receiver in receivers]
+    log_dir = Path(os.environ.get("BENCH_LOG_DIR") or tempfile.mkdtemp(prefix="bench-webhooks-"))
+    print(f"relay and worker logs in {log_dir}")
+    daemons = start_daemons(args.concurrency, log_dir)
+    try:
+        print(
+            f"worker concurrency {args.concurrency}; timeouts connect "
+            f"{settings.WEBHOOK_CONNECT_TIMEOUT} s, read {settings.WEBHOOK_READ_TIMEOUT} s, "
+            f"whole request {settings.WEBHOOK_TIMEOUT} s"
+        )
+        # A first delivery per receiver warms the daemons up (connections, imports).
+        throughput(tenancies, len(tenancies))
+        throughput(tenancies, args.deliveries)
+        alone = steady(tenancies, Tenancy(fifth_receiver, sector), args.rate, args.seconds)
+        hung = Tenancy(hung_receiver, sector)
+        beside = steady(tenancies, hung, args.rate, args.seconds)
+        describe("fifth receiver answers at once", alone)
+        describe("fifth receiver never answers", beside)
+        hung_attempts = WebhookAttempt.objects.filter(delivery__endpoint=hung.endpoint).count()
+        print(
+            f"the silent receiver: {hung_attempts} attempts made (each timing out after "
+            f"{settings.WEBHOOK_READ_TIMEOUT} s); the rest of its deliveries waited their turn"
+        )
+    finally:
+        cleanup(daemons, [*receivers, fifth_receiver, hung_receiver])
+
+
+if __name__ == "__main__":
+    main()

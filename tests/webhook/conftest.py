@@ -1,0 +1,175 @@
+"""A real HTTP receiver on loopback, and settings that let deliveries reach it."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from outbox.models import OutboxMessage
+from tests.factories import ManagerFactory
+from webhook.services import endpoint_create
+
+
+@dataclass
+class Received:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = b"ok"
+    headers: dict[str, str] = field(default_factory=dict)
+    # Seconds to wait before answering (a receiver slower than the read timeout).
+    delay: float = 0.0
+
+
+class Receiver:
+    """Answers each request with the next scripted reply (then ``default``), and keeps
+    what it received."""
+
+    def __init__(self) -> None:
+        self.replies: queue.SimpleQueue[Reply] = queue.SimpleQueue()
+        self.default = Reply()
+        self.received: list[Received] = []
+        self.lock = threading.Lock()
+        # Set to make every waiting handler answer at once (the end of a test).
+        self.release = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length)
+                with receiver.lock:
+                    receiver.received.append(
+                        Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
+                    )
+                try:
+                    reply = receiver.replies.get_nowait()
+                except queue.Empty:
+                    reply = receiver.default
+                if reply.delay:
+                    receiver.release.wait(reply.delay)
+                try:
+                    self.send_response(reply.status)
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.send_header("Content-Length", str(len(reply.body)))
+                    self.end_headers()
+                    self.wfile.write(reply.body)
+                except OSError:
+                    pass  # the client gave up (a timeout): nothing to answer
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hooks"
+
+    def script(self, *replies: Reply) -> None:
+        for reply in replies:
+            self.replies.put(reply)
+
+    def requests(self) -> list[Received]:
+        with self.lock:
+            return list(self.received)
+
+
+@pytest.fixture
+def receiver():
+    server = Receiver()
+    server.thread.start()
+    yield server
+    server.release.set()
+    server.server.shutdown()
+    server.server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def webhook_settings(settings):
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES = True
+    settings.WEBHOOK_CONNECT_TIMEOUT = 1.0
+    settings.WEBHOOK_READ_TIMEOUT = 0.5
+    settings.WEBHOOK_TIMEOUT = 2.0
+    settings.WEBHOOK_RETRY_DELAYS = [1.0, 2.0, 4.0]
+    return settings
+
+
+@pytest.fixture
+def manager(tenant):
+    return ManagerFactory(tenant=tenant)
+
+
+@pytest.fixture
+def make_endpoint(tenant, manager):
+    def make(url: str, event_types=("JobCompleted", "JobFailed"), **kwargs):
+        return endpoint_create(
+            tenant=kwargs.pop("tenant", tenant),
+            url=url,
+            event_types=list(event_types),
+            actor=kwargs.pop("actor", manager),
+            **kwargs,
+        )
+
+    return make
+
+
+def due_deliver_runs() -> list[OutboxMessage]:
+    """The webhook.deliver rows of the outbox not sent yet, oldest first."""
+    return list(
+        OutboxMessage.objects.filter(
+            envelope__task="webhook.deliver", sent_at__isnull=True
+        ).order_by("id")
+    )
+
+
+def elapsed(since: float) -> float:
+    return time.monotonic() - since
+
+
+def run_attempt(row: OutboxMessage):
+    """Do what the worker does with a webhook.deliver message: call its handler."""
+    import uuid
+
+    from outbox.handlers import TaskMessage
+    from webhook.tasks import deliver
+
+    envelope = row.envelope
+    return deliver(
+        TaskMessage(
+            run_id=uuid.UUID(envelope["run_id"]),
+            task=envelope["task"],
+            payload=envelope["payload"],
+            tenant=envelope["tenant"],
+            receive_count=1,
+            envelope=envelope,
+        )
+    )
+
+
+def run_due_attempts() -> int:
+    """Run every webhook.deliver row not sent yet (due or not: the tests skip the wait) and
+    mark it sent, as the relay would. Returns how many ran."""
+    from django.utils import timezone
+
+    rows = due_deliver_runs()
+    for row in rows:
+        OutboxMessage.objects.filter(pk=row.pk).update(sent_at=timezone.now())
+        run_attempt(row)
+    return len(rows)

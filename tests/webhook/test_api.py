@@ -1,0 +1,177 @@
+"""The webhooks API: managers of a tenant manage its endpoints; nobody else sees them."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from tests.factories import ManagerFactory, TenantFactory, UserFactory
+from tests.webhook.conftest import Reply, run_due_attempts
+from tests.webhook.test_delivery import complete_a_job
+from webhook.models import WebhookEndpoint
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def api(manager):
+    client = APIClient()
+    client.force_authenticate(manager)
+    return client
+
+
+def create(api, url, event_types=("JobCompleted", "JobFailed"), **extra):
+    return api.post(
+        "/api/v1/webhooks", {"url": url, "event_types": list(event_types), **extra}, format="json"
+    )
+
+
+def test_a_manager_registers_an_endpoint_and_sees_its_secret_once(api, receiver):
+    response = create(api, receiver.url, description="CRM")
+
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["secret"].startswith("whsec_")
+    assert body["event_types"] == ["JobCompleted", "JobFailed"]
+    assert body["status"] == "active"
+    assert body["description"] == "CRM"
+
+    read = api.get(f"/api/v1/webhooks/{body['id']}").json()
+    assert "secret" not in read
+    listed = api.get("/api/v1/webhooks").json()
+    assert [item["id"] for item in listed["results"]] == [body["id"]]
+    assert "secret" not in listed["results"][0]
+
+
+def test_event_types_are_checked_against_the_events_catalog(api, receiver):
+    response = create(api, receiver.url, event_types=["JobCompleted", "JobExploded"])
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "webhook_unknown_event_type"
+    assert "JobExploded" in error["message"]
+
+    assert create(api, receiver.url, event_types=[]).status_code == 400
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {},
+        {"url": 3, "event_types": "JobCompleted"},
+        {"url": "x" * 3000, "event_types": ["JobCompleted"]},
+        {"url": "http://127.0.0.1/", "event_types": [None]},
+        ["not", "an", "object"],
+    ],
+)
+def test_bad_input_is_a_400_in_the_error_format(api, payload):
+    response = api.post("/api/v1/webhooks", payload, format="json")
+    assert response.status_code == 400
+    assert set(response.json()["error"]) == {"code", "message", "details"}
+
+
+def test_rotating_the_secret_shows_the_new_one_once(api, receiver):
+    created = create(api, receiver.url).json()
+    response = api.post(f"/api/v1/webhooks/{created['id']}/rotate-secret")
+    assert response.status_code == 200
+    assert response.json()["secret"].startswith("whsec_")
+    assert response.json()["secret"] != created["secret"]
+
+
+def test_disabling_stops_deliveries_and_says_why(api, receiver, tenant):
+    created = create(api, receiver.url).json()
+    response = api.post(
+        f"/api/v1/webhooks/{created['id']}/disable", {"reason": "migrating"}, format="json"
+    )
+    assert response.status_code == 200
+    assert response.json()["status"] == "disabled"
+    assert response.json()["disabled_reason"] == "migrating"
+    assert api.post(f"/api/v1/webhooks/{created['id']}/disable").status_code == 409
+    assert api.post(f"/api/v1/webhooks/{created['id']}/rotate-secret").status_code == 409
+
+    complete_a_job(tenant)
+    assert run_due_attempts() == 0
+
+    enabled = api.post(f"/api/v1/webhooks/{created['id']}/enable")
+    assert enabled.status_code == 200 and enabled.json()["status"] == "active"
+
+
+def test_endpoints_are_never_deleted(api, receiver):
+    created = create(api, receiver.url).json()
+    response = api.delete(f"/api/v1/webhooks/{created['id']}")
+    assert response.status_code == 405
+    assert "disable" in response.json()["error"]["message"]
+
+
+def test_updating_the_url_and_event_types(api, receiver):
+    created = create(api, receiver.url).json()
+    response = api.patch(
+        f"/api/v1/webhooks/{created['id']}",
+        {"event_types": ["JobCanceled"], "url": receiver.url + "/v2"},
+        format="json",
+    )
+    assert response.status_code == 200
+    assert response.json()["event_types"] == ["JobCanceled"]
+    assert response.json()["url"].endswith("/v2")
+
+
+def test_recent_deliveries_show_status_codes_and_latency(api, receiver, tenant):
+    created = create(api, receiver.url).json()
+    receiver.script(Reply(status=503))
+    complete_a_job(tenant)
+    run_due_attempts()
+    run_due_attempts()
+    complete_a_job(tenant)
+    run_due_attempts()
+
+    response = api.get(f"/api/v1/webhooks/{created['id']}/deliveries")
+
+    assert response.status_code == 200
+    newest, oldest = response.json()["results"]
+    assert newest["status"] == "delivered" and newest["attempts"] == 1
+    assert oldest["status"] == "delivered"
+    assert oldest["event_type"] == "JobCompleted"
+    assert oldest["status_code"] == 200
+    assert isinstance(oldest["latency_ms"], int)
+    assert oldest["message_id"].startswith("msg_")
+    assert [(a["number"], a["status_code"]) for a in oldest["history"]] == [(1, 503), (2, 200)]
+    assert all(isinstance(a["latency_ms"], int) for a in oldest["history"])
+
+
+def test_a_disabled_endpoints_reason_is_visible_to_its_managers(api, receiver, tenant):
+    created = create(api, receiver.url).json()
+    WebhookEndpoint.objects.filter(pk=created["id"]).update(
+        status="disabled", disabled_reason="Every delivery failed for 5 days"
+    )
+    body = api.get(f"/api/v1/webhooks/{created['id']}").json()
+    assert body["status"] == "disabled"
+    assert body["disabled_reason"] == "Every delivery failed for 5 days"
+
+
+def test_another_tenants_endpoint_is_a_404(api, receiver):
+    other_manager = ManagerFactory(tenant=TenantFactory())
+    other = APIClient()
+    other.force_authenticate(other_manager)
+    theirs = create(other, receiver.url).json()
+
+    for method, path in [
+        ("get", f"/api/v1/webhooks/{theirs['id']}"),
+        ("patch", f"/api/v1/webhooks/{theirs['id']}"),
+        ("post", f"/api/v1/webhooks/{theirs['id']}/rotate-secret"),
+        ("post", f"/api/v1/webhooks/{theirs['id']}/disable"),
+        ("get", f"/api/v1/webhooks/{theirs['id']}/deliveries"),
+    ]:
+        response = getattr(api, method)(path, {}, format="json")
+        assert response.status_code == 404, (method, path)
+        assert response.json()["error"]["code"] == "webhook_not_found"
+    assert api.get("/api/v1/webhooks").json()["results"] == []
+
+
+def test_members_cannot_manage_webhooks(tenant, receiver):
+    member = APIClient()
+    member.force_authenticate(UserFactory(tenant=tenant))
+    assert member.get("/api/v1/webhooks").status_code == 403
+    assert create(member, receiver.url).status_code == 403
+
+
+def test_anonymous_callers_are_refused():
+    assert APIClient().get("/api/v1/webhooks").status_code == 401

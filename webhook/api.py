@@ -1,0 +1,248 @@
+"""The webhooks API: a tenant's managers register endpoints and watch their deliveries.
+
+The signing secret appears in two answers only: the creation's and the rotation's. Endpoints
+are never deleted: ``DELETE`` is refused and points to the ``disable`` action.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers, status
+from rest_framework.generics import GenericAPIView
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from common.api import NeverDeleted, NewestFirstCursorPagination, validated
+from common.schema import ErrorSerializer
+from identity.permissions import IsTenantManager
+from webhook.models import WebhookEndpoint
+from webhook.selectors import attempts_of, delivery_list, endpoint_get, endpoint_list
+from webhook.services import (
+    URL_MAX_LENGTH,
+    endpoint_create,
+    endpoint_disable,
+    endpoint_enable,
+    endpoint_rotate_secret,
+    endpoint_update,
+)
+
+
+def _error(description: str) -> OpenApiResponse:
+    return OpenApiResponse(ErrorSerializer, description=description)
+
+
+class EndpointOutput(serializers.ModelSerializer):
+    class Meta:
+        model = WebhookEndpoint
+        fields = (
+            "id",
+            "url",
+            "description",
+            "event_types",
+            "status",
+            "disabled_reason",
+            "disabled_at",
+            "failing_since",
+            "created_at",
+            "updated_at",
+        )
+        read_only_fields = fields
+
+
+class EndpointWithSecretOutput(EndpointOutput):
+    secret = serializers.CharField(
+        read_only=True,
+        help_text="The signing secret (whsec_ + base64), shown in this answer only.",
+    )
+
+    class Meta(EndpointOutput.Meta):
+        fields = (*EndpointOutput.Meta.fields, "secret")
+        read_only_fields = fields
+
+
+class EndpointCreateInput(serializers.Serializer):
+    url = serializers.CharField(max_length=URL_MAX_LENGTH, help_text="An https:// URL.")
+    event_types = serializers.ListField(
+        child=serializers.CharField(max_length=100),
+        min_length=1,
+        max_length=100,
+        help_text="Event names of the hub, e.g. JobStarted, JobCompleted, JobFailed.",
+    )
+    description = serializers.CharField(required=False, allow_blank=True, max_length=500)
+
+
+class EndpointUpdateInput(serializers.Serializer):
+    url = serializers.CharField(max_length=URL_MAX_LENGTH, required=False)
+    event_types = serializers.ListField(
+        child=serializers.CharField(max_length=100), min_length=1, max_length=100, required=False
+    )
+    description = serializers.CharField(required=False, allow_blank=True, max_length=500)
+
+
+class DisableInput(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=500)
+
+
+class AttemptOutput(serializers.Serializer):
+    number = serializers.IntegerField()
+    started_at = serializers.DateTimeField()
+    status_code = serializers.IntegerField(allow_null=True)
+    latency_ms = serializers.IntegerField()
+    error = serializers.CharField()
+
+
+class DeliveryOutput(serializers.Serializer):
+    id = serializers.IntegerField()
+    message_id = serializers.CharField(help_text="The webhook-id header, the same on retries.")
+    event_id = serializers.IntegerField()
+    event_type = serializers.CharField()
+    status = serializers.CharField()
+    attempts = serializers.IntegerField()
+    status_code = serializers.IntegerField(source="last_status_code", allow_null=True)
+    latency_ms = serializers.IntegerField(source="last_latency_ms", allow_null=True)
+    error = serializers.CharField(source="last_error")
+    next_attempt_at = serializers.DateTimeField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField(allow_null=True)
+    history = AttemptOutput(many=True, help_text="Every attempt, oldest first.")
+
+
+_NOT_FOUND = _error("`webhook_not_found` (also another tenant's endpoint).")
+
+
+class EndpointsApi(GenericAPIView):
+    permission_classes = [IsTenantManager]
+    serializer_class = EndpointOutput
+
+    @extend_schema(operation_id="webhooks_list", responses={200: EndpointOutput(many=True)})
+    def get(self, request):
+        endpoints = endpoint_list(tenant=request.user.tenant_id)
+        page = self.paginate_queryset(endpoints)
+        return self.get_paginated_response(EndpointOutput(page, many=True).data)
+
+    @extend_schema(
+        operation_id="webhooks_create",
+        request=EndpointCreateInput,
+        responses={
+            201: EndpointWithSecretOutput,
+            400: _error("`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`."),
+        },
+    )
+    def post(self, request):
+        data = validated(EndpointCreateInput, request.data)
+        endpoint = endpoint_create(tenant=request.user.tenant_id, actor=request.user, **data)
+        return Response(EndpointWithSecretOutput(endpoint).data, status=status.HTTP_201_CREATED)
+
+
+class EndpointDetailApi(NeverDeleted, APIView):
+    permission_classes = [IsTenantManager]
+    delete_hint = (
+        "Webhook endpoints are never deleted: POST /api/v1/webhooks/{endpoint_id}/disable instead."
+    )
+
+    @extend_schema(
+        operation_id="webhooks_retrieve", responses={200: EndpointOutput, 404: _NOT_FOUND}
+    )
+    def get(self, request, endpoint_id: int):
+        endpoint = endpoint_get(tenant=request.user.tenant_id, endpoint_id=endpoint_id)
+        return Response(EndpointOutput(endpoint).data)
+
+    @extend_schema(
+        operation_id="webhooks_update",
+        request=EndpointUpdateInput,
+        responses={
+            200: EndpointOutput,
+            400: _error("`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`."),
+            404: _NOT_FOUND,
+        },
+    )
+    def patch(self, request, endpoint_id: int):
+        data = validated(EndpointUpdateInput, request.data)
+        endpoint = endpoint_update(
+            tenant=request.user.tenant_id, endpoint_id=endpoint_id, data=data, actor=request.user
+        )
+        return Response(EndpointOutput(endpoint).data)
+
+    @extend_schema(
+        operation_id="webhooks_delete",
+        request=None,
+        responses={405: _error("Always: endpoints are disabled instead.")},
+    )
+    def delete(self, request, endpoint_id: int):
+        self.refuse_delete(endpoint_id=endpoint_id)
+
+
+class EndpointRotateSecretApi(APIView):
+    permission_classes = [IsTenantManager]
+
+    @extend_schema(
+        operation_id="webhooks_rotate_secret",
+        description=(
+            "A new signing secret, shown in this answer only. The old one keeps signing "
+            "too (a second signature in `webhook-signature`) for WEBHOOK_SECRET_GRACE_SECONDS."
+        ),
+        request=None,
+        responses={
+            200: EndpointWithSecretOutput,
+            404: _NOT_FOUND,
+            409: _error("`webhook_disabled`."),
+        },
+    )
+    def post(self, request, endpoint_id: int):
+        endpoint = endpoint_rotate_secret(
+            tenant=request.user.tenant_id, endpoint_id=endpoint_id, actor=request.user
+        )
+        return Response(EndpointWithSecretOutput(endpoint).data)
+
+
+class EndpointDisableApi(APIView):
+    permission_classes = [IsTenantManager]
+
+    @extend_schema(
+        operation_id="webhooks_disable",
+        request=DisableInput,
+        responses={200: EndpointOutput, 404: _NOT_FOUND, 409: _error("`webhook_disabled`.")},
+    )
+    def post(self, request, endpoint_id: int):
+        data = validated(DisableInput, request.data or {})
+        endpoint = endpoint_disable(
+            tenant=request.user.tenant_id,
+            endpoint_id=endpoint_id,
+            actor=request.user,
+            reason=data.get("reason", ""),
+        )
+        return Response(EndpointOutput(endpoint).data)
+
+
+class EndpointEnableApi(APIView):
+    permission_classes = [IsTenantManager]
+
+    @extend_schema(
+        operation_id="webhooks_enable",
+        request=None,
+        responses={200: EndpointOutput, 404: _NOT_FOUND, 409: _error("`webhook_active`.")},
+    )
+    def post(self, request, endpoint_id: int):
+        endpoint = endpoint_enable(
+            tenant=request.user.tenant_id, endpoint_id=endpoint_id, actor=request.user
+        )
+        return Response(EndpointOutput(endpoint).data)
+
+
+class EndpointDeliveriesApi(GenericAPIView):
+    permission_classes = [IsTenantManager]
+    pagination_class = NewestFirstCursorPagination
+    serializer_class = DeliveryOutput
+
+    @extend_schema(
+        operation_id="webhooks_deliveries",
+        summary="An endpoint's recent deliveries, newest first",
+        responses={200: DeliveryOutput(many=True), 404: _NOT_FOUND},
+    )
+    def get(self, request, endpoint_id: int):
+        deliveries = delivery_list(tenant=request.user.tenant_id, endpoint_id=endpoint_id)
+        page = self.paginate_queryset(deliveries)
+        history = attempts_of([delivery.pk for delivery in page])
+        for delivery in page:
+            delivery.history = history[delivery.pk]
+        return self.get_paginated_response(DeliveryOutput(page, many=True).data)

@@ -1,0 +1,220 @@
+"""A tenant's webhook endpoints and the deliveries of its events to them.
+
+Each matching event becomes one ``WebhookDelivery``, written in the transaction that
+records the event. The delivery owns its attempts (``WebhookAttempt``, one row per HTTP
+request): each attempt is one run of the ``webhook.deliver`` task, and a retry is a new
+outbox row due after the retry delay. The retry schedule spans a day, past what the task
+runtime's own retries (five receives, minutes apart) are for: those stay for the hub's own
+failures (the database away), a receiver's failure is the delivery's business.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from common.errors import Conflict
+
+
+class EndpointStatus(models.TextChoices):
+    ACTIVE = "active", "Active"
+    DISABLED = "disabled", "Disabled"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    DELIVERED = "delivered", "Delivered"
+    FAILED = "failed", "Failed"
+
+
+class WebhookEndpoint(models.Model):
+    Status = EndpointStatus
+
+    id = models.BigAutoField(primary_key=True)
+    tenant = models.ForeignKey("identity.Tenant", on_delete=models.PROTECT, related_name="+")
+    url = models.TextField()
+    description = models.TextField(blank=True, default="")
+    event_types = ArrayField(models.TextField())
+    # The signing secret (whsec_ + base64): the hub signs with it, so it is kept as it is,
+    # and shown to people only when it is made (creation, rotation).
+    secret = models.TextField()
+    # After a rotation the old secret keeps signing too (a second signature in the header)
+    # until this time, so that receivers can switch without losing a delivery.
+    previous_secret = models.TextField(blank=True, default="")
+    previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
+    status = models.TextField(choices=EndpointStatus.choices, default=EndpointStatus.ACTIVE)
+    disabled_reason = models.TextField(blank=True, default="")
+    disabled_at = models.DateTimeField(null=True, blank=True)
+    # Since when every attempt failed (null: the last one succeeded). The disabling rule and
+    # the slow-receiver guard read it.
+    failing_since = models.DateTimeField(null=True, blank=True)
+    # Whether the last attempt was delivered within WEBHOOK_SLOW_SECONDS. Only such an endpoint
+    # takes several attempts at once; a new, slow or failing one takes them one at a time.
+    answers_fast = models.BooleanField(default=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "webhook_endpoints"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=EndpointStatus.values),
+                name="webhook_endpoints_status_check",
+            ),
+        ]
+        indexes = [
+            # The event listener: a tenant's active endpoints, on every event of the tenant.
+            models.Index(
+                fields=["tenant"],
+                condition=Q(status="active"),
+                name="webhook_endpoints_active_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.url} ({self.status})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.status == EndpointStatus.ACTIVE
+
+    def signing_secrets(self, at: datetime) -> list[str]:
+        secrets = [self.secret]
+        if (
+            self.previous_secret
+            and self.previous_secret_expires_at
+            and at < (self.previous_secret_expires_at)
+        ):
+            secrets.append(self.previous_secret)
+        return secrets
+
+    # --- transitions ------------------------------------------------------------------
+
+    def rotate(self, *, new_secret: str, grace: timedelta) -> None:
+        self._ensure_active("rotated")
+        now = timezone.now()
+        self.previous_secret = self.secret
+        self.previous_secret_expires_at = now + grace if grace > timedelta(0) else None
+        self.secret = new_secret
+        self.updated_at = now
+
+    def disable(self, *, reason: str) -> None:
+        if not self.is_active:
+            raise Conflict("The endpoint is already disabled.", code="webhook_disabled")
+        self.status = EndpointStatus.DISABLED
+        self.disabled_reason = reason
+        self.disabled_at = self.updated_at = timezone.now()
+
+    def enable(self) -> None:
+        if self.is_active:
+            raise Conflict("The endpoint is already active.", code="webhook_active")
+        self.status = EndpointStatus.ACTIVE
+        self.disabled_reason = ""
+        self.disabled_at = None
+        self.failing_since = None
+        self.answers_fast = False
+        self.updated_at = timezone.now()
+
+    def _ensure_active(self, what: str) -> None:
+        if not self.is_active:
+            raise Conflict(
+                f"A disabled endpoint cannot be {what}; enable it first.", code="webhook_disabled"
+            )
+
+
+class WebhookDelivery(models.Model):
+    Status = DeliveryStatus
+
+    id = models.BigAutoField(primary_key=True)
+    endpoint = models.ForeignKey(WebhookEndpoint, on_delete=models.PROTECT, related_name="+")
+    # The tenant's own, for scoping reads without a join.
+    tenant = models.ForeignKey("identity.Tenant", on_delete=models.PROTECT, related_name="+")
+    # The event's row in the outbox's trail (events.id).
+    event_id = models.BigIntegerField()
+    event_type = models.TextField()
+    # The webhook-id header: the same on every attempt, so that the receiver can dedupe.
+    message_id = models.TextField(unique=True)
+    # The exact body sent, fixed when the event is recorded: every attempt sends these bytes.
+    body = models.TextField()
+    status = models.TextField(choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    # The outbox run that may make the next attempt: a run with another id is stale (a
+    # duplicate, or superseded by a deferral) and does nothing. Null while pending: parked,
+    # a new delivery of a failing endpoint, waiting for the endpoint's next success.
+    scheduled_run_id = models.UUIDField(null=True, blank=True)
+    # Set while an attempt is in flight; the slow-receiver guard counts these.
+    attempt_started_at = models.DateTimeField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_latency_ms = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "webhook_deliveries"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=DeliveryStatus.values),
+                name="webhook_deliveries_status_check",
+            ),
+            # One delivery per event and endpoint, however often the listener runs.
+            models.UniqueConstraint(
+                fields=["endpoint", "event_id"], name="webhook_deliveries_event_uniq"
+            ),
+        ]
+        indexes = [
+            # The API's list of an endpoint's recent deliveries, newest first.
+            models.Index(
+                fields=["endpoint", "-created_at", "-id"], name="webhook_deliveries_recent_idx"
+            ),
+            # A failing endpoint's parked deliveries, taken up again when it answers.
+            models.Index(
+                fields=["endpoint", "id"],
+                condition=Q(status="pending", scheduled_run_id__isnull=True),
+                name="webhook_deliveries_parked_idx",
+            ),
+            # The slow-receiver guard: an endpoint's attempts in flight.
+            models.Index(
+                fields=["endpoint", "attempt_started_at"],
+                condition=Q(attempt_started_at__isnull=False),
+                name="webhook_deliveries_flight_idx",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.message_id} {self.event_type} ({self.status})"
+
+
+class WebhookAttempt(models.Model):
+    """One HTTP request of a delivery: what the receiver answered, and how fast."""
+
+    id = models.BigAutoField(primary_key=True)
+    delivery = models.ForeignKey(WebhookDelivery, on_delete=models.CASCADE, related_name="+")
+    number = models.PositiveIntegerField()
+    started_at = models.DateTimeField()
+    # Null when no answer came (timeout, connection refused, address refused).
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    latency_ms = models.PositiveIntegerField()
+    error = models.TextField(blank=True, default="")
+    # The beginning of the receiver's answer, for whoever looks into a failure.
+    response_excerpt = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = "webhook_attempts"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["delivery", "number"], name="webhook_attempts_number_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of delivery {self.delivery_id}: {self.status_code}"
