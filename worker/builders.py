@@ -24,11 +24,18 @@ from broker import get_consumer
 from broker.consume import Consumer
 from broker.consume_loop import ConsumeLoop, LoopStats
 from broker.topology import automation_queue_name
+from common.metrics import Heartbeat
 from outbox.catalog import get_catalog
 from worker.processor import TaskProcessor
 from worker.registry import discover_handlers, missing_handlers
 
 logger = logging.getLogger("hubdommed.worker")
+
+# Messages the broker may hand a task worker beyond its slots, per slot: a slot that
+# finishes finds its next message waiting, and the runs of a window are claimed together
+# (``worker.window``). Bounded so that messages wait in one worker for long tasks only
+# a few deep while other workers could take them.
+PREFETCH_PER_SLOT = 4
 
 
 @dataclass
@@ -73,7 +80,11 @@ def build_task_worker(
         stop_budget=stop_budget,
         ready_file=ready_file,
         poll_interval=poll_interval,
+        prefetch=concurrency * PREFETCH_PER_SLOT,
+        on_received=processor.received,
+        on_step=Heartbeat("worker", settings.LIVENESS_FILE).beat,
     )
+    processor.on_abandon = loop.replace_slot
     return TaskWorker(consumer, processor, loop)
 
 
