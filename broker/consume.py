@@ -192,10 +192,11 @@ class Consumer(ABC):
     @abstractmethod
     def ack(self, delivery: Delivery) -> None: ...
 
-    def ack_many(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
+    def ack_many(self, deliveries: Sequence[Delivery], *, wait: bool = True) -> list[Delivery]:
         """Ack several deliveries in as few broker calls as the transport allows; returns
         those that could not be acked (their connection is gone: the broker brings them
-        back by itself)."""
+        back by itself). ``wait=False``: a transport that acks from another thread may
+        return before the acks are sent (what fails then is only logged)."""
         failed = []
         for delivery in deliveries:
             try:

@@ -318,6 +318,8 @@ class TaskProcessor:
             )
             metrics.TASK_RUNS.labels(task=task, outcome="timed_out").inc()
             exc = TimeLimitExceeded(f"task {task} ran longer than {running.limit:g} s")
+            # Its lease is no longer extended; the retry below is recorded by its holder.
+            self._let_go(running.delivery)
             self._failed(
                 running.delivery,
                 running.envelope,
@@ -327,7 +329,6 @@ class TaskProcessor:
                 running.receive_count,
                 running.policy,
             )
-            self._let_go(running.delivery)
             if self.on_abandon is not None:
                 self.on_abandon(running.thread, running.delivery)
 

@@ -13,7 +13,9 @@ bound a worker at a few hundred no-op tasks a second. Here they are paid per win
   on SQS). The ack never precedes its commit: a crash in between delivers copies of
   runs already ``succeeded``, which are recognised as duplicates and only acked.
 
-The same thread watches the handlers' time limits (``TaskProcessor.expired``).
+Claims and outcomes have a thread each (each with its database connection), so that a
+window's claim and the previous window's commit overlap. The claiming thread also watches
+the handlers' time limits (``TaskProcessor.abandon_expired``).
 """
 
 from __future__ import annotations
@@ -67,13 +69,15 @@ class RunWindow:
     def __init__(self, processor: TaskProcessor) -> None:
         self.processor = processor
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        self._claims_waiting = threading.Event()
+        self._outcomes_waiting = threading.Event()
         self._to_claim: list[Prepared] = []
         self._prepared: dict[int, Prepared] = {}
         self._to_settle: list[_Outcome] = []
         # Outcomes taken by the thread and not acked yet.
-        self._settling = 0
-        self._thread: threading.Thread | None = None
+        self._in_settlement = 0
+        self._claimer: threading.Thread | None = None
+        self._settler: threading.Thread | None = None
         self.claim_statements = 0
         self.commit_statements = 0
 
@@ -88,8 +92,8 @@ class RunWindow:
                     prepared = Prepared(delivery)
                     self._prepared[id(delivery)] = prepared
                     self._to_claim.append(prepared)
-            self._ensure_thread()
-        self._wake.set()
+            self._ensure_threads()
+        self._claims_waiting.set()
 
     def claim(self, delivery: Delivery) -> Prepared:
         """The delivery's claim, waiting for its window's statement if need be."""
@@ -119,51 +123,56 @@ class RunWindow:
         waiting here (the slot takes its next message)."""
         with self._lock:
             self._to_settle.append(_Outcome(delivery, lease, outcome))
-            self._ensure_thread()
-        self._wake.set()
+            self._ensure_threads()
+        self._outcomes_waiting.set()
 
     def unsettled(self) -> int:
         with self._lock:
-            return len(self._to_settle) + self._settling
+            return len(self._to_settle) + self._in_settlement
 
     def wake(self) -> None:
-        self._wake.set()
+        """A new time limit to watch."""
+        self._claims_waiting.set()
 
     # -- the bookkeeping thread -----------------------------------------------------------
 
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="runs", daemon=True)
-            self._thread.start()
+    def _ensure_threads(self) -> None:
+        if self._claimer is None or not self._claimer.is_alive():
+            self._claimer = threading.Thread(target=self._claiming, name="runs-claim", daemon=True)
+            self._claimer.start()
+        if self._settler is None or not self._settler.is_alive():
+            self._settler = threading.Thread(target=self._settling, name="runs-done", daemon=True)
+            self._settler.start()
 
-    def _run(self) -> None:
-        idle_since = time.monotonic()
-        connected = False
-        while True:
-            self._wake.wait(min(MAX_SLEEP, self.processor.until_next_deadline()))
-            self._wake.clear()
-            with self._lock:
-                outcomes, self._to_settle = self._to_settle, []
-                claims, self._to_claim = self._to_claim, []
-                self._settling += len(outcomes)
-            if outcomes or claims:
-                if not connected:
-                    close_old_connections()
-                    connected = True
-                # Outcomes first: their acks free the broker's window for more messages.
+    def _claiming(self) -> None:
+        with _Connection() as db:
+            while True:
+                self._claims_waiting.wait(min(MAX_SLEEP, self.processor.until_next_deadline()))
+                self._claims_waiting.clear()
+                with self._lock:
+                    claims, self._to_claim = self._to_claim, []
+                if claims:
+                    db.use()
+                    self._claim(claims)
+                self.processor.abandon_expired()
+                db.idle()
+
+    def _settling(self) -> None:
+        with _Connection() as db:
+            while True:
+                self._outcomes_waiting.wait(MAX_SLEEP)
+                self._outcomes_waiting.clear()
+                with self._lock:
+                    outcomes, self._to_settle = self._to_settle, []
+                    self._in_settlement += len(outcomes)
                 if outcomes:
+                    db.use()
                     try:
                         self._settle(outcomes)
                     finally:
                         with self._lock:
-                            self._settling -= len(outcomes)
-                if claims:
-                    self._claim(claims)
-                idle_since = time.monotonic()
-            self.processor.abandon_expired()
-            if connected and time.monotonic() - idle_since > IDLE_CLOSE_SECONDS:
-                connection.close()
-                connected = False
+                            self._in_settlement -= len(outcomes)
+                db.idle()
 
     def _claim(self, batch: list[Prepared]) -> None:
         try:
@@ -202,8 +211,34 @@ class RunWindow:
         finally:
             for item in mine:
                 self.processor.let_go(item.delivery)
-        # Committed: now the acks, all in one call.
-        unacked = {id(d) for d in self.processor.consumer.ack_many([i.delivery for i in mine])}
+        # Committed: now the acks, all in one call (RabbitMQ: sent by its I/O thread
+        # without waiting here; one that fails comes back and is skipped as a duplicate).
+        deliveries = [item.delivery for item in mine]
+        unacked = {id(d) for d in self.processor.consumer.ack_many(deliveries, wait=False)}
         for item in mine:
             failed = id(item.delivery) in unacked
             self.processor.settled(item.delivery, item.outcome, unsettled=failed)
+
+
+class _Connection:
+    """A bookkeeping thread's database connection: checked before use after a pause, let
+    go of after a while with nothing to do, closed when the thread ends."""
+
+    def __init__(self) -> None:
+        self._used_at: float | None = None
+
+    def __enter__(self) -> _Connection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        connection.close()
+
+    def use(self) -> None:
+        if self._used_at is None:
+            close_old_connections()
+        self._used_at = time.monotonic()
+
+    def idle(self) -> None:
+        if self._used_at is not None and time.monotonic() - self._used_at > IDLE_CLOSE_SECONDS:
+            connection.close()
+            self._used_at = None

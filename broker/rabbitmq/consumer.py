@@ -148,12 +148,18 @@ class RabbitMQConsumer(Consumer):
 
     # -- settling (any thread) -------------------------------------------------------------
 
-    def _on_io_thread(self, fn: Callable[[], T]) -> T:
+    def _on_io_thread(self, fn: Callable[[], T], *, wait: bool = True) -> T | None:
         connection = self._connection
         if connection is None:
             raise TransportUnavailable("not connected to RabbitMQ")
         if threading.get_ident() == self._io_thread:
             return fn()
+        if not wait:
+            try:
+                connection.add_callback_threadsafe(fn)
+            except pika.exceptions.AMQPError as exc:
+                raise TransportUnavailable(f"RabbitMQ connection lost: {exc!r}") from exc
+            return None
         answer: Future = Future()
 
         def run() -> None:
@@ -190,7 +196,7 @@ class RabbitMQConsumer(Consumer):
     def ack(self, delivery: Delivery) -> None:
         self._settle(delivery, lambda channel: channel.basic_ack(delivery.receipt))
 
-    def ack_many(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
+    def ack_many(self, deliveries: Sequence[Delivery], *, wait: bool = True) -> list[Delivery]:
         if not deliveries:
             return []
 
@@ -216,14 +222,15 @@ class RabbitMQConsumer(Consumer):
                     covered = 0
                 for tag in tags[covered:]:
                     channel.basic_ack(tag)
-            except pika.exceptions.AMQPError:
+            except pika.exceptions.AMQPError as exc:
                 # The channel broke: the broker takes back what was not acked.
+                logger.warning("acking %d messages failed: %r", len(tags), exc)
                 return list(deliveries)
             self._unacked.difference_update(tags)
             return gone
 
         try:
-            return self._on_io_thread(run)
+            return self._on_io_thread(run, wait=wait) or []
         except TransportUnavailable:
             return list(deliveries)
 

@@ -179,7 +179,7 @@ class SQSConsumer(Consumer):
         finally:
             self._settled(delivery)
 
-    def ack_many(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
+    def ack_many(self, deliveries: Sequence[Delivery], *, wait: bool = True) -> list[Delivery]:
         """``DeleteMessageBatch``: ten a call, per queue."""
         failed: list[Delivery] = []
         by_queue: dict[str, list[Delivery]] = {}
