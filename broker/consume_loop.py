@@ -121,6 +121,8 @@ class ConsumeLoop:
         self._threads: list[threading.Thread] = []
         # Slots replaced while stuck in a handler: they end when the handler returns.
         self._retired: set[threading.Thread] = set()
+        # Outcomes the processor settles in groups, not acked yet (``unsettled``).
+        self._unsettled: Callable[[], int] = getattr(processor, "unsettled", lambda: 0)
 
     # -- control (any thread, signal handlers included) ------------------------------------
 
@@ -146,8 +148,11 @@ class ConsumeLoop:
 
     @property
     def in_flight(self) -> int:
+        """Deliveries not settled yet: held by a slot or waiting for one, or settled by
+        their slot's processor in a group that is not committed and acked yet."""
         with self._lock:
-            return len(self._in_flight)
+            held = len(self._in_flight)
+        return held + self._unsettled()
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -347,10 +352,9 @@ class ConsumeLoop:
                 max(0.0, deadline - time.monotonic()),
                 waiting,
             )
-        # Outcomes a processor settles in groups (``unsettled``) are committed and acked
-        # meanwhile: the steps carry their acks.
-        unsettled = getattr(self.processor, "unsettled", lambda: 0)
-        while (self.in_flight or unsettled()) and time.monotonic() < deadline:
+        # Outcomes a processor settles in groups are committed and acked meanwhile (they
+        # count as in flight): the steps carry their acks.
+        while self.in_flight and time.monotonic() < deadline:
             self.step(min(0.1, max(0.0, deadline - time.monotonic())))
         with self._lock:
             leftovers = list(self._in_flight.values())

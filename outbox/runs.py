@@ -105,7 +105,7 @@ _CLAIM_MANY = """
 
 _LOOK_MANY = """
     SELECT run_id, status, receive_count,
-           extract(epoch FROM lease_expires_at - clock_timestamp())::float8
+           extract(epoch FROM lease_expires_at - clock_timestamp())::float8, lease_holder
       FROM task_runs
      WHERE run_id = ANY(%s::uuid[])
 """
@@ -250,8 +250,13 @@ class RunLedger:
                     if run_id not in found:
                         _record_unknown_run(run_id, envelope)
                         continue
-                    status, receive_count, remaining = found[run_id]
-                    if status in (TaskRun.Status.SUCCEEDED, TaskRun.Status.FAILED):
+                    status, receive_count, remaining, held_by = found[run_id]
+                    if status == TaskRun.Status.RUNNING and held_by == holder:
+                        # Claimed by an earlier attempt whose answer was lost (a dropped
+                        # connection): it is this claim's.
+                        results[holder] = Started(Begin.RUN, receive_count, status)
+                        del wanted[run_id]
+                    elif status in (TaskRun.Status.SUCCEEDED, TaskRun.Status.FAILED):
                         results[holder] = Started(Begin.SKIP, receive_count, status)
                         del wanted[run_id]
                     elif status == TaskRun.Status.RUNNING and (remaining or 0) > 0:

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from broker.consume import Delivery
 from outbox.runs import Lease, Started
@@ -40,6 +40,14 @@ logger = logging.getLogger("hubdommed.worker")
 MAX_SLEEP = 0.5
 # With nothing to do for this long, the thread lets go of its database connection.
 IDLE_CLOSE_SECONDS = 5.0
+# After a pause this long, the connection is checked before it is used (the database may
+# have restarted meanwhile); a busy thread does not pay for the check.
+CHECK_AFTER_SECONDS = 1.0
+# A group commit that fails (the database is away) is tried again, its leases still
+# held, this many times, the pauses doubling from the first; then its messages are given
+# back for later.
+COMMIT_ATTEMPTS = 6
+COMMIT_RETRY_FIRST = 0.25
 
 
 @dataclass(eq=False)
@@ -177,7 +185,13 @@ class RunWindow:
     def _claim(self, batch: list[Prepared]) -> None:
         try:
             self.claim_statements += 1
-            self.processor.claim_window(batch)
+            try:
+                self.processor.claim_window(batch)
+            except (InterfaceError, OperationalError):
+                # A connection the database dropped: once more on a new one (a claim whose
+                # answer was lost is found held by its own holder).
+                connection.close()
+                self.processor.claim_window(batch)
         except Exception as exc:
             # The database is away: each slot gives its message back for later.
             logger.exception("claiming %d runs failed", len(batch))
@@ -196,18 +210,9 @@ class RunWindow:
             return
         leases = [item.lease for item in mine if item.lease is not None]
         try:
-            if leases:
-                self.commit_statements += 1
-                marked = self.processor.ledger.succeeded_many(leases)
-                lost = {lease.run_id for lease in leases} - marked
-                if lost:
-                    # Taken over after the lease expired: the holder now records its own.
-                    logger.warning("runs taken over before their success was recorded: %s", lost)
-        except Exception:
-            logger.exception("recording %d outcomes failed; they will come back", len(leases))
-            connection.close()
-            self.processor.come_back_later([item.delivery for item in mine], "infrastructure")
-            return
+            if leases and not self._commit(leases):
+                self.processor.come_back_later([item.delivery for item in mine], "infrastructure")
+                return
         finally:
             for item in mine:
                 self.processor.let_go(item.delivery)
@@ -218,6 +223,33 @@ class RunWindow:
         for item in mine:
             failed = id(item.delivery) in unacked
             self.processor.settled(item.delivery, item.outcome, unsettled=failed)
+
+    def _commit(self, leases: list[Lease]) -> bool:
+        """The group commit, tried again while the database is away (the runs' leases are
+        extended meanwhile): False when it never worked."""
+        pause = COMMIT_RETRY_FIRST
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                self.commit_statements += 1
+                marked = self.processor.ledger.succeeded_many(leases)
+            except Exception:
+                logger.exception(
+                    "recording %d outcomes failed (attempt %d of %d)",
+                    len(leases),
+                    attempt,
+                    COMMIT_ATTEMPTS,
+                )
+                connection.close()
+                if attempt < COMMIT_ATTEMPTS:
+                    time.sleep(pause)
+                    pause *= 2
+                continue
+            lost = {lease.run_id for lease in leases} - marked
+            if lost:
+                # Taken over after the lease expired: the new holder records its own.
+                logger.warning("runs taken over before their success was recorded: %s", lost)
+            return True
+        return False
 
 
 class _Connection:
@@ -234,9 +266,10 @@ class _Connection:
         connection.close()
 
     def use(self) -> None:
-        if self._used_at is None:
+        now = time.monotonic()
+        if self._used_at is None or now - self._used_at > CHECK_AFTER_SECONDS:
             close_old_connections()
-        self._used_at = time.monotonic()
+        self._used_at = now
 
     def idle(self) -> None:
         if self._used_at is not None and time.monotonic() - self._used_at > IDLE_CLOSE_SECONDS:
