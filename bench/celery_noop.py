@@ -6,7 +6,8 @@ be lost: ``acks_late`` (acked after the task returns), prefetch 1 per process or
 (4 for 4 slots), no result backend.
 
 The clock: the first task to start records the time, the task that completes the last
-message records the time; both in a file the benchmark reads. The counter lives in shared
+message records the time; both in a file the benchmark reads (rewritten every hundred
+tasks with how many are done). The counter lives in shared
 memory created before the prefork pool forks, so the pool's processes count together.
 """
 
@@ -56,6 +57,9 @@ def noop(number: int) -> None:
         if _first.value == 0.0:
             _first.value = time.time()
         _done.value += 1
-        last = _done.value == EXPECTED
-    if last:
-        CLOCK_FILE.write_text(f"{_first.value} {time.time()}\n")
+        done = _done.value
+    if done == EXPECTED or done % 100 == 0:
+        # "first last done": progress too, so that a stalled run can be told apart.
+        temporary = CLOCK_FILE.with_suffix(".tmp")
+        temporary.write_text(f"{_first.value} {time.time()} {done}\n")
+        temporary.replace(CLOCK_FILE)

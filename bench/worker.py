@@ -15,6 +15,7 @@ Each round runs, in an order rotated from round to round, on quorum queues of th
 broker with the same number of messages:
 
 - ``raw``: a bare pika consumer acking each message, prefetch = concurrency;
+- ``raw-deep`` (RabbitMQ): the same with the prefetch our worker uses (16 per slot);
 - ``ours``: the worker ``run_worker`` builds (``build_task_worker``), ``concurrency``
   slots, with its two durable records per task in ``task_runs`` (the claim, the success)
   and its acks; messages fed the real way (dispatch, then the relay's engine);
@@ -64,11 +65,13 @@ from outbox.handlers import task  # noqa: E402
 from outbox.models import TaskRun  # noqa: E402
 from outbox.services import dispatch  # noqa: E402
 from relay.engine import OutboxRelay  # noqa: E402
-from worker.builders import build_task_worker  # noqa: E402
+from worker.builders import PREFETCH_PER_SLOT, build_task_worker  # noqa: E402
 
 PREFIX = "benchw-"
 EXCHANGE = "dom_med_benchw"
 CELERY_QUEUE = f"{PREFIX}celery"
+# A Celery worker that completes nothing more for this long has stalled.
+STALL_SECONDS = 20.0
 _first_call: list[float] = []
 
 
@@ -207,11 +210,16 @@ def through_celery(count: int, concurrency: int, pool: str) -> float:
             stderr=subprocess.PIPE,
             text=True,
         )
+        progress, changed = "", time.monotonic()
         try:
-            deadline = time.monotonic() + 300
-            while not clock.exists() or not clock.read_text().endswith("\n"):
-                if worker.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the Celery worker did not finish: {worker.stderr.read()}")
+            while True:
+                text = clock.read_text() if clock.exists() else ""
+                if text != progress:
+                    progress, changed = text, time.monotonic()
+                if text and int(text.split()[2]) >= count:
+                    break
+                if worker.poll() is not None or time.monotonic() - changed > STALL_SECONDS:
+                    break
                 time.sleep(0.05)
         finally:
             worker.terminate()
@@ -220,8 +228,16 @@ def through_celery(count: int, concurrency: int, pool: str) -> float:
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
-        first, last = (float(value) for value in clock.read_text().split())
-    return count / (last - first)
+        if not progress:
+            raise RuntimeError(f"the Celery worker ran no task: {worker.stderr.read()[-2000:]}")
+        first, last, done = progress.split()
+        if int(done) < count:
+            print(
+                f"warning: the Celery worker ({pool}) stalled after {done} of {count} tasks; "
+                "its rate is of those",
+                file=sys.stderr,
+            )
+        return int(done) / (float(last) - float(first))
 
 
 # Publishes the Celery messages through Celery itself (``send_task``), one process.
@@ -240,6 +256,8 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
     """``rounds`` times each contender, in an order rotated per round; each round's figures,
     then the medians (the machine is shared: single runs vary)."""
     contenders = ["raw", "ours"]
+    if broker == "rabbitmq":
+        contenders.append("raw-deep")
     if celery and broker == "rabbitmq":
         contenders += ["celery-threads", "celery-prefork"]
     rates: dict[str, list[float]] = {name: [] for name in contenders}
@@ -250,6 +268,9 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
             if name == "raw":
                 feed(count)
                 rate = raw_rabbitmq(count, concurrency) if broker == "rabbitmq" else raw_sqs(count)
+            elif name == "raw-deep":
+                feed(count)
+                rate = raw_rabbitmq(count, concurrency * PREFETCH_PER_SLOT)
             elif name == "ours":
                 rate = through_worker(feed(count), concurrency)
             else:
