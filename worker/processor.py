@@ -166,6 +166,11 @@ class TaskProcessor:
         thread calls it); the runs claimed are held (their leases extended) at once."""
         wanted: list[Prepared] = []
         for prepared in batch:
+            if prepared.lease is not None:
+                # Tried again after a dropped connection: the same holder, so that a claim
+                # the first attempt made is recognised as this one's.
+                wanted.append(prepared)
+                continue
             try:
                 prepared.envelope = _checked_envelope(prepared.delivery)
             except BadMessage as exc:

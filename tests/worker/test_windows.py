@@ -241,3 +241,17 @@ def test_a_handler_past_its_time_limit_is_abandoned_its_slot_replaced_its_late_r
     assert worker.processor.outcomes["succeeded"] == 0
     assert worker.processor.outcomes["failed"] == 1
     assert worker.processor.outcomes["retrying"] == 1
+
+
+def test_a_window_claimed_again_by_the_same_holders_is_theirs_without_a_second_receive():
+    """A claim whose answer a dropped connection lost is tried again with the same holders:
+    the runs it took are found held by them, not turned away as held by someone else."""
+    ledger = RunLedger()
+    run_ids = [str(uuid.uuid4()) for _ in range(3)]
+    window = [(envelope(run_id), f"holder-{run_id}", 60.0) for run_id in run_ids]
+    ledger.begin_many(window)
+
+    again = ledger.begin_many(window)
+
+    assert [again[f"holder-{run_id}"].decision for run_id in run_ids] == [Begin.RUN] * 3
+    assert [run_of(run_id).receive_count for run_id in run_ids] == [1, 1, 1]
