@@ -24,15 +24,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
-from broker.consume import Delivery
-from outbox.runs import Lease, Started
-
-if TYPE_CHECKING:
-    from worker.processor import TaskProcessor
+from broker.consume import Consumer, Delivery
+from outbox.runs import Lease, RunLedger, Started
 
 logger = logging.getLogger("hubdommed.worker")
 
@@ -73,8 +70,27 @@ class _Outcome:
     outcome: str
 
 
+class Bookkeeper(Protocol):
+    """What the window asks of the task processor (``worker.processor.TaskProcessor``)."""
+
+    ledger: RunLedger
+    consumer: Consumer
+
+    def claim_window(self, batch: list[Prepared]) -> None: ...
+
+    def until_next_deadline(self) -> float: ...
+
+    def abandon_expired(self) -> None: ...
+
+    def come_back_later(self, deliveries: list[Delivery], outcome: str) -> None: ...
+
+    def let_go(self, delivery: Delivery) -> None: ...
+
+    def settled(self, delivery: Delivery, outcome: str, *, unsettled: bool = False) -> None: ...
+
+
 class RunWindow:
-    def __init__(self, processor: TaskProcessor) -> None:
+    def __init__(self, processor: Bookkeeper) -> None:
         self.processor = processor
         self._lock = threading.Lock()
         self._claims_waiting = threading.Event()
