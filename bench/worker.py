@@ -1,16 +1,31 @@
-"""Worker throughput: no-op tasks per second through one worker process, per transport,
-as a ratio to the raw consume-and-ack rate of the same broker in the same run.
+"""Worker throughput: no-op tasks per second through one worker process, against the same
+broker consumed raw and, on RabbitMQ, against Celery 5, in interleaved rounds.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/hub_runtime \\
         .venv/bin/python bench/worker.py [--rabbitmq N] [--sqs N] [--concurrency C] \\
-        [--rounds R]
+        [--rounds R] [--no-celery]
 
-The database must be migrated (``manage.py migrate``). SQS is moto's server on loopback,
-started here. Messages are fed the real way (dispatch, then the relay's engine) before
-the clock starts; the worker's figure includes its bookkeeping in ``task_runs`` (two
-single-statement commits per task: the claim, then the success mark) and one ack per
-message. The clock stops when the worker has settled every message (counted in memory,
-checked in the database afterwards).
+The database must be migrated (``manage.py migrate``); Celery is the optional ``bench``
+dependency (``pip install -e '.[bench]'``). SQS is moto's server on loopback, started here.
+Everything lives under the queue prefix ``benchw-`` and the exchange ``dom_med_benchw``,
+and its rows are the ``bench.noop`` task's: all of it is purged at start (a crashed run
+leaves nothing that disturbs the next) and at the end.
+
+Each round runs, in an order rotated from round to round, on quorum queues of the same
+broker with the same number of messages:
+
+- ``raw``: a bare pika consumer acking each message, prefetch = concurrency;
+- ``raw-deep`` (RabbitMQ): the same with the prefetch our worker uses (16 per slot);
+- ``ours``: the worker ``run_worker`` builds (``build_task_worker``), ``concurrency``
+  slots, with its two durable records per task in ``task_runs`` (the claim, the success)
+  and its acks; messages fed the real way (dispatch, then the relay's engine);
+- ``celery-threads`` / ``celery-prefork``: a Celery worker (``bench/celery_noop.py``),
+  ``concurrency`` threads or processes, ``acks_late``, prefetch multiplier 1, no result
+  backend.
+
+The clock runs from the first message taken (raw: received; ours and Celery: the first
+handler call) to the last settled (raw: acked; ours: committed and acked; Celery: its last
+task returned, its ack follows), so no consumer's start-up counts.
 """
 
 from __future__ import annotations
@@ -20,11 +35,11 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,12 +65,20 @@ from outbox.handlers import task  # noqa: E402
 from outbox.models import TaskRun  # noqa: E402
 from outbox.services import dispatch  # noqa: E402
 from relay.engine import OutboxRelay  # noqa: E402
-from worker.builders import build_task_worker  # noqa: E402
+from worker.builders import PREFETCH_PER_SLOT, build_task_worker  # noqa: E402
+
+PREFIX = "benchw-"
+EXCHANGE = "dom_med_benchw"
+CELERY_QUEUE = f"{PREFIX}celery"
+# A Celery worker that completes nothing more for this long has stalled.
+STALL_SECONDS = 20.0
+_first_call: list[float] = []
 
 
 @task("bench.noop")
 def noop(message) -> None:
-    return None
+    if not _first_call:
+        _first_call.append(time.perf_counter())
 
 
 def feed(count: int) -> list[str]:
@@ -80,9 +103,11 @@ def raw_rabbitmq(count: int, prefetch: int) -> float:
     conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
     channel = conn.channel()
     channel.basic_qos(prefetch_count=prefetch)
-    started = time.perf_counter()
+    started = 0.0
     consumed = channel.consume(topology.queue_name("default"))
     for seen, (method, _properties, _body) in enumerate(consumed, start=1):
+        if seen == 1:
+            started = time.perf_counter()
         channel.basic_ack(method.delivery_tag)
         if seen == count:
             break
@@ -121,13 +146,13 @@ def through_worker(run_ids: list[str], concurrency: int) -> float:
         ["default"], concurrency=concurrency, stop_budget=5, poll_interval=0.05
     )
     processor, worker = built.processor, built.loop
-    started = time.perf_counter()
+    _first_call.clear()
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     # Watched in memory (a query per look would compete for the same two cores).
     while processor.outcomes["succeeded"] < len(run_ids):
-        time.sleep(0.01)
-    elapsed = time.perf_counter() - started
+        time.sleep(0.002)
+    elapsed = time.perf_counter() - _first_call[0]
     worker.stop()
     thread.join(timeout=30)
     done = TaskRun.objects.filter(run_id__in=run_ids, status=TaskRun.Status.SUCCEEDED).count()
@@ -135,42 +160,175 @@ def through_worker(run_ids: list[str], concurrency: int) -> float:
     return len(run_ids) / elapsed
 
 
-def bench(broker: str, count: int, concurrency: int, rounds: int) -> None:
-    """``rounds`` times: the raw rate, then the worker's, on fresh queues; each round's
-    figures, then the medians (the machine is shared: single runs vary)."""
-    raws, ours = [], []
-    for round_number in range(1, rounds + 1):
-        settings.BROKER = broker
-        settings.QUEUE_PREFIX = f"bench-{uuid.uuid4().hex[:6]}-"
-        feed(count)
-        raw = raw_rabbitmq(count, concurrency) if broker == "rabbitmq" else raw_sqs(count)
-        run_ids = feed(count)
-        worker = through_worker(run_ids, concurrency)
-        cleanup(broker)
-        raws.append(raw)
-        ours.append(worker)
-        print(
-            f"{broker:8} round {round_number}: messages={count} concurrency={concurrency} "
-            f"raw consume+ack={raw:8.0f}/s  worker={worker:8.0f}/s  ratio={worker / raw:.2f}"
-        )
-    raw, worker = statistics.median(raws), statistics.median(ours)
-    ratios = sorted(w / r for w, r in zip(ours, raws, strict=True))
-    print(
-        f"{broker:8} median of {rounds}: raw consume+ack={raw:8.0f}/s  worker={worker:8.0f}/s  "
-        f"ratio={statistics.median(ratios):.2f} (per round {ratios[0]:.2f}-{ratios[-1]:.2f})"
+def celery_environment(count: int, clock: Path) -> dict[str, str]:
+    return dict(
+        os.environ,
+        BENCH_CELERY_QUEUE=CELERY_QUEUE,
+        BENCH_CELERY_MESSAGES=str(count),
+        BENCH_CELERY_CLOCK=str(clock),
+        BENCH_CELERY_BROKER=settings.RABBITMQ_URL,
+        PYTHONPATH=str(ROOT),
     )
 
 
-def cleanup(broker: str) -> None:
+def through_celery(count: int, concurrency: int, pool: str) -> float:
+    """Fill Celery's queue (not timed), then run a Celery worker until it took them all."""
+    with tempfile.TemporaryDirectory() as folder:
+        clock = Path(folder) / "clock"
+        env = celery_environment(count, clock)
+        feeder = subprocess.run(
+            [sys.executable, "-c", CELERY_FEED, str(count)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        assert "fed" in feeder.stdout, feeder.stderr
+        worker = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "celery"),
+                "-A",
+                "bench.celery_noop",
+                "worker",
+                "--pool",
+                pool,
+                "--concurrency",
+                str(concurrency),
+                "--prefetch-multiplier",
+                "1",
+                "--queues",
+                CELERY_QUEUE,
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel",
+                "WARNING",
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        progress, changed = "", time.monotonic()
+        try:
+            while True:
+                text = clock.read_text() if clock.exists() else ""
+                if text != progress:
+                    progress, changed = text, time.monotonic()
+                if text and int(text.split()[2]) >= count:
+                    break
+                if worker.poll() is not None or time.monotonic() - changed > STALL_SECONDS:
+                    break
+                time.sleep(0.05)
+        finally:
+            worker.terminate()
+            try:
+                worker.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+        if not progress:
+            raise RuntimeError(f"the Celery worker ran no task: {worker.stderr.read()[-2000:]}")
+        first, last, done = progress.split()
+        if int(done) < count:
+            print(
+                f"warning: the Celery worker ({pool}) stalled after {done} of {count} tasks; "
+                "its rate is of those",
+                file=sys.stderr,
+            )
+        return int(done) / (float(last) - float(first))
+
+
+# Publishes the Celery messages through Celery itself (``send_task``), one process.
+CELERY_FEED = """
+import sys
+from bench.celery_noop import app
+count = int(sys.argv[1])
+with app.producer_or_acquire() as producer:
+    for number in range(count):
+        app.send_task("bench.noop", args=[number], producer=producer)
+print("fed", count)
+"""
+
+
+def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) -> None:
+    """``rounds`` times each contender, in an order rotated per round; each round's figures,
+    then the medians (the machine is shared: single runs vary)."""
+    contenders = ["raw", "ours"]
     if broker == "rabbitmq":
-        conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+        contenders.append("raw-deep")
+    if celery and broker == "rabbitmq":
+        contenders += ["celery-threads", "celery-prefork"]
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    settings.BROKER = broker
+    for round_number in range(1, rounds + 1):
+        shift = (round_number - 1) % len(contenders)
+        for name in contenders[shift:] + contenders[:shift]:
+            if name == "raw":
+                feed(count)
+                rate = raw_rabbitmq(count, concurrency) if broker == "rabbitmq" else raw_sqs(count)
+            elif name == "raw-deep":
+                feed(count)
+                rate = raw_rabbitmq(count, concurrency * PREFETCH_PER_SLOT)
+            elif name == "ours":
+                rate = through_worker(feed(count), concurrency)
+            else:
+                rate = through_celery(count, concurrency, name.split("-")[1])
+            cleanup(broker)
+            rates[name].append(rate)
+        print(
+            f"{broker:8} round {round_number}: messages={count} concurrency={concurrency} "
+            + "  ".join(f"{name}={rates[name][-1]:7.0f}/s" for name in contenders),
+            flush=True,
+        )
+    ours = statistics.median(rates["ours"])
+    print(
+        f"{broker:8} medians of {rounds} rounds: "
+        + "  ".join(f"{name}={statistics.median(rates[name]):7.0f}/s" for name in contenders)
+    )
+    for name in contenders:
+        if name == "ours":
+            continue
+        per_round = sorted(o / r for o, r in zip(rates["ours"], rates[name], strict=True))
+        print(
+            f"{broker:8} ours / {name}: {ours / statistics.median(rates[name]):.2f} "
+            f"(per round {per_round[0]:.2f}-{per_round[-1]:.2f})"
+        )
+
+
+def cleanup(broker: str) -> None:
+    """Delete this benchmark's queues (those a crashed run left included)."""
+    if broker != "rabbitmq":
+        return
+    conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    try:
         channel = conn.channel()
-        channel.queue_delete(topology.queue_name("default"))
-        channel.queue_delete(topology.dead_letter_queue_name("default"))
-        for queue_class in ("critical", "bulk", "maintenance"):
+        channel.queue_delete(CELERY_QUEUE)
+        channel.exchange_delete(CELERY_QUEUE)
+        for queue_class in topology.QUEUES:
             channel.queue_delete(topology.queue_name(queue_class))
             channel.queue_delete(topology.dead_letter_queue_name(queue_class))
+    finally:
         conn.close()
+
+
+def purge() -> None:
+    """Start from a known state: what a crashed run may have left, removed."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM platform_outbox_messages WHERE envelope->>'task' = 'bench.noop'"
+        )
+        cursor.execute("DELETE FROM task_runs WHERE task = 'bench.noop'")
+    conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    try:
+        channel = conn.channel()
+        channel.queue_delete(CELERY_QUEUE)
+        channel.exchange_delete(CELERY_QUEUE)
+        channel.exchange_delete(EXCHANGE)
+    finally:
+        conn.close()
+    cleanup("rabbitmq")
 
 
 def start_moto() -> str:
@@ -190,7 +348,8 @@ def main() -> None:
     parser.add_argument("--rabbitmq", type=int, default=3000, help="messages (0: skip)")
     parser.add_argument("--sqs", type=int, default=500, help="messages (0: skip)")
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3, help="measurements per transport")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements per contender")
+    parser.add_argument("--no-celery", action="store_true", help="skip the Celery workers")
     args = parser.parse_args()
 
     catalog = json.loads((ROOT / "tasks.json").read_text())
@@ -198,24 +357,18 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(catalog, handle)
     settings.TASKS_CATALOG = handle.name
-    settings.RABBITMQ_EXCHANGE = f"dom_med_bench_{uuid.uuid4().hex[:6]}"
+    settings.RABBITMQ_EXCHANGE = EXCHANGE
+    settings.QUEUE_PREFIX = PREFIX
+    purge()
     try:
         if args.rabbitmq:
-            bench("rabbitmq", args.rabbitmq, args.concurrency, args.rounds)
+            bench("rabbitmq", args.rabbitmq, args.concurrency, args.rounds, not args.no_celery)
         if args.sqs:
             settings.SQS_ENDPOINT_URL = start_moto()
-            bench("sqs", args.sqs, args.concurrency, args.rounds)
+            bench("sqs", args.sqs, args.concurrency, args.rounds, False)
     finally:
         os.unlink(handle.name)
-        if args.rabbitmq:
-            conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-            conn.channel().exchange_delete(settings.RABBITMQ_EXCHANGE)
-            conn.close()
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "DELETE FROM platform_outbox_messages WHERE envelope->>'task' = 'bench.noop'"
-            )
-            cursor.execute("DELETE FROM task_runs WHERE task = 'bench.noop'")
+        purge()
 
 
 if __name__ == "__main__":

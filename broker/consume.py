@@ -3,7 +3,8 @@
 A ``Consumer`` hands out ``Delivery`` objects and settles each exactly once, in one of
 four ways:
 
-- ``ack``: done, never deliver it again;
+- ``ack``: done, never deliver it again (``ack_many``: several at once, in as few
+  broker calls as the transport allows);
 - ``release``: give it back now, untouched (a worker shutting down);
 - ``retry_later``: give it back after a delay (a transient failure); only a transport
   with ``can_delay`` honours the delay (SQS, through the message's visibility); RabbitMQ
@@ -39,6 +40,7 @@ from typing import Any
 from django.conf import settings
 
 from broker import topology
+from broker.base import TransportUnavailable
 
 # How much of a traceback travels with a dead-lettered message.
 TRACEBACK_EXCERPT_CHARS = 2000
@@ -100,6 +102,16 @@ class Delivery:
                 return
             self.settled = True
             yield True
+
+    def take_settlement(self) -> bool:
+        """The right to settle, without holding it while settling: for settling many
+        deliveries together (their outcomes in one commit, then one ack). True for exactly
+        one caller, ever (``settling`` included)."""
+        with self._lock:
+            if self.settled:
+                return False
+            self.settled = True
+            return True
 
 
 @dataclass(frozen=True)
@@ -179,6 +191,19 @@ class Consumer(ABC):
 
     @abstractmethod
     def ack(self, delivery: Delivery) -> None: ...
+
+    def ack_many(self, deliveries: Sequence[Delivery], *, wait: bool = True) -> list[Delivery]:
+        """Ack several deliveries in as few broker calls as the transport allows; returns
+        those that could not be acked (their connection is gone: the broker brings them
+        back by itself). ``wait=False``: a transport that acks from another thread may
+        return before the acks are sent (what fails then is only logged)."""
+        failed = []
+        for delivery in deliveries:
+            try:
+                self.ack(delivery)
+            except TransportUnavailable:
+                failed.append(delivery)
+        return failed
 
     @abstractmethod
     def release(self, delivery: Delivery) -> None: ...

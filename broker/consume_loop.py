@@ -6,6 +6,13 @@ flight (SQS) and, on RabbitMQ, keeps the connection's heartbeats flowing however
 the tasks take. What a delivery means is the ``Processor``'s business: the task runtime
 (``worker.processor``) or an automation's own worker.
 
+The broker may hand over more messages than there are slots (``prefetch``), so that a
+slot that finishes finds its next message waiting instead of waiting for a round trip.
+A delivery stays in flight until it is settled, not only until its slot let go of it: a
+processor may settle it later, together with others. A slot stuck in a handler past its
+time limit can be replaced (``replace_slot``): the stuck thread ends when its handler
+returns, and a new one takes its place meanwhile.
+
 Stopping (``stop()``, which a signal handler may call): fetch nothing more, remove the
 readiness file, wait for the tasks in flight, then give back what did not finish (the
 processor records it: the task runtime puts its run back to ``queued``) and return. The
@@ -22,7 +29,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -57,6 +64,8 @@ class Processor(Protocol):
 class _InFlight:
     delivery: Delivery
     started: bool = False
+    # Its slot is done with it (it may still wait to be settled with others).
+    processed: bool = False
     next_beat: float | None = None
 
 
@@ -78,6 +87,9 @@ class ConsumeLoop:
         stop_budget: float,
         ready_file: str | Path | None = None,
         poll_interval: float = 0.2,
+        prefetch: int | None = None,
+        on_received: Callable[[list[Delivery]], None] | None = None,
+        on_step: Callable[[], None] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -85,6 +97,13 @@ class ConsumeLoop:
         self.destinations = list(destinations)
         self.processor = processor
         self.concurrency = concurrency
+        # Unsettled messages the broker may hand over at once (default: one per slot).
+        self.prefetch = max(concurrency, prefetch or concurrency)
+        # Told of each group of deliveries as they arrive, before any slot takes one
+        # (on this loop's thread: it must not block).
+        self._on_received = on_received
+        # Called once per turn of the loop (a liveness heartbeat).
+        self._on_step = on_step
         self.stop_budget = stop_budget
         self.ready_file = Path(ready_file) if ready_file else None
         self.poll_interval = poll_interval
@@ -100,6 +119,10 @@ class ConsumeLoop:
         self._in_flight: dict[int, _InFlight] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        # Slots replaced while stuck in a handler: they end when the handler returns.
+        self._retired: set[threading.Thread] = set()
+        # Outcomes the processor settles in groups, not acked yet (``unsettled``).
+        self._unsettled: Callable[[], int] = getattr(processor, "unsettled", lambda: 0)
 
     # -- control (any thread, signal handlers included) ------------------------------------
 
@@ -125,8 +148,11 @@ class ConsumeLoop:
 
     @property
     def in_flight(self) -> int:
+        """Deliveries not settled yet: held by a slot or waiting for one, or settled by
+        their slot's processor in a group that is not committed and acked yet."""
         with self._lock:
-            return len(self._in_flight)
+            held = len(self._in_flight)
+        return held + self._unsettled()
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -147,10 +173,8 @@ class ConsumeLoop:
         """Connect and start the slots' threads; False when stopped before the broker answered."""
         if not self._connect():
             return False
-        for number in range(self.concurrency):
-            thread = threading.Thread(target=self._work_loop, name=f"task-{number}", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        for _ in range(self.concurrency):
+            self._start_slot()
         self._set_ready(True)
         logger.info(
             "worker consuming %s from %s with %d slots",
@@ -160,13 +184,35 @@ class ConsumeLoop:
         )
         return True
 
+    def _start_slot(self) -> threading.Thread:
+        with self._lock:
+            number = len(self._threads)
+            thread = threading.Thread(target=self._work_loop, name=f"task-{number}", daemon=True)
+            self._threads.append(thread)
+        thread.start()
+        return thread
+
+    def replace_slot(self, thread: threading.Thread, delivery: Delivery) -> None:
+        """``thread`` is stuck in a handler and its delivery was settled without it: a new
+        slot takes its place now, and the stuck one ends as soon as its handler returns."""
+        with self._lock:
+            if thread in self._retired or thread not in self._threads:
+                return
+            self._retired.add(thread)
+            self._in_flight.pop(id(delivery), None)
+        if not self.stopping:
+            self._start_slot()
+        logger.warning("slot %s abandoned to a handler past its time limit; replaced", thread.name)
+
     def finish(self) -> LoopStats:
         """After ``stop``: give back what did not finish in time, close the connection."""
         try:
             self._drain()
             # Idle threads end within a moment; one stuck in a handler is left behind.
             # All of them share what is left of the deadline, not half a second each.
-            for thread in self._threads:
+            with self._lock:
+                threads = [t for t in self._threads if t not in self._retired]
+            for thread in threads:
                 thread.join(timeout=min(0.5, self._remaining()))
         finally:
             self._set_ready(False)
@@ -184,16 +230,21 @@ class ConsumeLoop:
             if self._connect():
                 self._set_ready(True)
             return False
-        for delivery in deliveries:
-            self._accept(delivery)
+        accepted = [delivery for delivery in deliveries if self._accept(delivery)]
+        if accepted and self._on_received is not None:
+            self._on_received(accepted)
+        for delivery in accepted:
+            self._work.put(delivery)
         self._heartbeat()
+        if self._on_step is not None:
+            self._on_step()
         return bool(deliveries)
 
     def _connect(self) -> bool:
         backoff = Backoff(RECONNECT_FIRST, RECONNECT_MAX)
         while not self.stopping:
             try:
-                self.consumer.start(self.destinations, self.concurrency)
+                self.consumer.start(self.destinations, self.prefetch)
                 return True
             except TransportUnavailable as exc:
                 self.stats.reconnects += 1
@@ -202,21 +253,28 @@ class ConsumeLoop:
                 self.stop_flag.wait(delay)
         return False
 
-    def _accept(self, delivery: Delivery) -> None:
+    def _accept(self, delivery: Delivery) -> bool:
         self.stats.received += 1
         if self.stopping:
             self._give_back(delivery, started=False)
-            return
+            return False
         interval = self.consumer.heartbeat_interval(delivery)
         with self._lock:
             self._in_flight[id(delivery)] = _InFlight(
                 delivery, next_beat=None if interval is None else time.monotonic() + interval
             )
-        self._work.put(delivery)
+        return True
 
     def _heartbeat(self) -> None:
         now = time.monotonic()
         with self._lock:
+            # Settled after their slot let go of them (together with others).
+            for key in [
+                key
+                for key, entry in self._in_flight.items()
+                if entry.processed and entry.delivery.settled
+            ]:
+                del self._in_flight[key]
             due = [
                 entry
                 for entry in self._in_flight.values()
@@ -240,7 +298,8 @@ class ConsumeLoop:
             self.processor.thread_done()
 
     def _take_work(self) -> None:
-        while True:
+        me = threading.current_thread()
+        while me not in self._retired:
             try:
                 delivery = self._work.get(timeout=0.2)
             except queue.Empty:
@@ -263,7 +322,18 @@ class ConsumeLoop:
                 logger.exception("processing %s failed unexpectedly", delivery.run_id)
                 self._give_back(delivery, started=True)
             finally:
-                self._forget(delivery)
+                self._processed(delivery)
+
+    def _processed(self, delivery: Delivery) -> None:
+        """Its slot is done with it: forgotten now if settled, else once it is."""
+        with self._lock:
+            entry = self._in_flight.get(id(delivery))
+            if entry is None:
+                return
+            if delivery.settled:
+                del self._in_flight[id(delivery)]
+            else:
+                entry.processed = True
 
     def _forget(self, delivery: Delivery) -> None:
         with self._lock:
@@ -282,6 +352,8 @@ class ConsumeLoop:
                 max(0.0, deadline - time.monotonic()),
                 waiting,
             )
+        # Outcomes a processor settles in groups are committed and acked meanwhile (they
+        # count as in flight): the steps carry their acks.
         while self.in_flight and time.monotonic() < deadline:
             self.step(min(0.1, max(0.0, deadline - time.monotonic())))
         with self._lock:
@@ -303,7 +375,9 @@ class ConsumeLoop:
             except TransportUnavailable as exc:
                 # Its connection is gone: the broker takes it back by itself.
                 logger.info("could not give back %s: %s", delivery.run_id, exc)
-            if started:
+            # Not started by a slot, it may still have been prepared (its run claimed
+            # ahead): the processor knows, and lets go of what it holds.
+            if started or self._on_received is not None:
                 try:
                     self.processor.released(delivery)
                 except Exception:

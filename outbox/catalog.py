@@ -22,6 +22,9 @@ from django.core.exceptions import ImproperlyConfigured
 from broker.topology import QUEUES
 
 DESTINATIONS = ("queue", "automation")
+# Seconds a task's handler may run before the worker abandons it and retries the run
+# (``time_limit_seconds`` per task, or in ``defaults``).
+DEFAULT_TIME_LIMIT_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class TaskSpec:
     destination: str = "queue"
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     description: str = ""
+    time_limit_seconds: float = DEFAULT_TIME_LIMIT_SECONDS
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,12 @@ def parse_catalog(data: Any, *, source: str = "tasks.json") -> Catalog:
     if len(set(events)) != len(events):
         raise fail(f"duplicate event names: {sorted({e for e in events if events.count(e) > 1})}")
 
-    default_retry = _retry(
-        data.get("defaults", {}).get("retry", {}), RetryPolicy(), fail, "defaults"
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, dict):
+        raise fail("'defaults' must be an object")
+    default_retry = _retry(defaults.get("retry", {}), RetryPolicy(), fail, "defaults")
+    default_limit = _time_limit(
+        defaults.get("time_limit_seconds", DEFAULT_TIME_LIMIT_SECONDS), fail, "defaults"
     )
     tasks: dict[str, TaskSpec] = {}
     for position, raw in enumerate(data.get("tasks", [])):
@@ -125,6 +133,9 @@ def parse_catalog(data: Any, *, source: str = "tasks.json") -> Catalog:
             destination=destination,
             retry=_retry(raw.get("retry", {}), default_retry, fail, f"task {name!r}"),
             description=str(raw.get("description", "")),
+            time_limit_seconds=_time_limit(
+                raw.get("time_limit_seconds", default_limit), fail, f"task {name!r}"
+            ),
         )
 
     schedules: list[Schedule] = []
@@ -166,6 +177,12 @@ def _retry(raw: Any, base: RetryPolicy, fail, where: str) -> RetryPolicy:
     if policy.backoff_seconds < 0 or policy.backoff_max_seconds < policy.backoff_seconds:
         raise fail(f"{where}: backoff must be non-negative and at most backoff_max_seconds")
     return policy
+
+
+def _time_limit(raw: Any, fail, where: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not raw > 0:
+        raise fail(f"{where}: 'time_limit_seconds' must be a positive number of seconds")
+    return float(raw)
 
 
 def load_catalog(path: Path | str) -> Catalog:

@@ -7,6 +7,14 @@ Each method is one short transaction; none is held while a handler runs.
 Only one worker runs a run at a time: starting it is an atomic claim that takes a lease
 (``lease_holder``, ``lease_expires_at``), which the holder's heartbeat extends. A copy of
 the message that finds the run held under a live lease is not run (see docs/worker.md).
+
+A worker claims the runs of the messages it received together (``begin_many``: one
+statement for the window) and records the successes of many slots together
+(``succeeded_many``: one statement, then the acks). Statements that lock several rows lock
+them in ``run_id`` order, so that two workers whose windows share runs (copies of one
+message) never deadlock. A success is recorded only by the run's holder while it still
+holds it: a handler abandoned past its time limit, or one whose run was taken over after
+its lease expired, never overwrites what happened to the run since.
 """
 
 from __future__ import annotations
@@ -74,14 +82,58 @@ _LOOK = """
      WHERE run_id = %s
 """
 
+# The claim of a window: ``_CLAIM`` for many runs in one statement (each with its holder).
+# Statements that change several rows first lock them in run_id order (the ``IN`` subquery
+# with ``FOR UPDATE`` is a hashed subplan, evaluated whole before the first row changes).
+_CLAIM_MANY = """
+    UPDATE task_runs AS run
+       SET receive_count = run.receive_count + 1, status = 'running',
+           started_at = coalesce(run.started_at, clock_timestamp()), finished_at = NULL,
+           lease_holder = wanted.holder,
+           lease_expires_at = clock_timestamp() + wanted.seconds * interval '1 second',
+           updated_at = clock_timestamp()
+      FROM unnest(%(run_ids)s::uuid[], %(holders)s::text[], %(seconds)s::float8[])
+           AS wanted(run_id, holder, seconds)
+     WHERE run.run_id = wanted.run_id
+       AND run.run_id IN (SELECT run_id FROM task_runs WHERE run_id = ANY(%(run_ids)s::uuid[])
+                           ORDER BY run_id FOR UPDATE)
+       AND (run.status IN ('queued', 'retrying')
+            OR (run.status = 'running'
+                AND (run.lease_expires_at IS NULL OR run.lease_expires_at <= clock_timestamp())))
+ RETURNING run.run_id, run.receive_count
+"""
+
+_LOOK_MANY = """
+    SELECT run_id, status, receive_count,
+           extract(epoch FROM lease_expires_at - clock_timestamp())::float8, lease_holder
+      FROM task_runs
+     WHERE run_id = ANY(%s::uuid[])
+"""
+
 # The heartbeat: one statement for every run this process holds.
 _EXTEND = """
     UPDATE task_runs AS run
        SET lease_expires_at = clock_timestamp() + held.seconds * interval '1 second'
-      FROM unnest(%s::uuid[], %s::text[], %s::float8[]) AS held(run_id, holder, seconds)
+      FROM unnest(%(run_ids)s::uuid[], %(holders)s::text[], %(seconds)s::float8[])
+           AS held(run_id, holder, seconds)
      WHERE run.run_id = held.run_id AND run.lease_holder = held.holder
        AND run.status = 'running'
+       AND run.run_id IN (SELECT run_id FROM task_runs WHERE run_id = ANY(%(run_ids)s::uuid[])
+                           ORDER BY run_id FOR UPDATE)
  RETURNING run.lease_holder
+"""
+
+# The group commit of successes: each by its holder, while it holds the run.
+_SUCCEEDED_MANY = """
+    UPDATE task_runs AS run
+       SET status = 'succeeded', finished_at = clock_timestamp(),
+           updated_at = clock_timestamp(), lease_expires_at = NULL
+      FROM unnest(%(run_ids)s::uuid[], %(holders)s::text[]) AS done(run_id, holder)
+     WHERE run.run_id = done.run_id AND run.lease_holder = done.holder
+       AND run.status = 'running'
+       AND run.run_id IN (SELECT run_id FROM task_runs WHERE run_id = ANY(%(run_ids)s::uuid[])
+                           ORDER BY run_id FOR UPDATE)
+ RETURNING run.run_id
 """
 
 _SUCCEEDED = """
@@ -157,6 +209,66 @@ class RunLedger:
                 # Released or retried between the two statements: claim again.
         return Started(Begin.BUSY, 0, TaskRun.Status.RUNNING, lease_remaining=1.0)
 
+    def begin_many(self, claims: Sequence[tuple[dict[str, Any], str, float]]) -> dict[str, Started]:
+        """``begin`` for a window of messages at once: ``claims`` are (envelope, holder,
+        lease seconds); returns each holder's ``Started``. One statement claims every run
+        nobody holds (plus one look at the others); two copies of one run in the window:
+        the first claims it, the second finds it held (BUSY)."""
+        results: dict[str, Started] = {}
+        wanted: dict[uuid.UUID, tuple[dict[str, Any], str, float]] = {}
+        for envelope, holder, seconds in claims:
+            run_id = uuid.UUID(str(envelope["run_id"]))
+            if run_id in wanted:
+                results[holder] = Started(
+                    Begin.BUSY, 0, TaskRun.Status.RUNNING, lease_remaining=float(seconds)
+                )
+            else:
+                wanted[run_id] = (envelope, holder, float(seconds))
+        with connection.cursor() as cursor:
+            for _ in range(CLAIM_ATTEMPTS):
+                if not wanted:
+                    break
+                run_ids = list(wanted)
+                # Autocommit: the claims are committed (durably) before any handler starts.
+                cursor.execute(
+                    _CLAIM_MANY,
+                    {
+                        "run_ids": run_ids,
+                        "holders": [wanted[run_id][1] for run_id in run_ids],
+                        "seconds": [wanted[run_id][2] for run_id in run_ids],
+                    },
+                )
+                for run_id, receive_count in cursor.fetchall():
+                    _, holder, _ = wanted.pop(run_id)
+                    results[holder] = Started(Begin.RUN, receive_count, TaskRun.Status.RUNNING)
+                if not wanted:
+                    break
+                cursor.execute(_LOOK_MANY, [list(wanted)])
+                found = {row[0]: row[1:] for row in cursor.fetchall()}
+                for run_id in list(wanted):
+                    envelope, holder, _ = wanted[run_id]
+                    if run_id not in found:
+                        _record_unknown_run(run_id, envelope)
+                        continue
+                    status, receive_count, remaining, held_by = found[run_id]
+                    if status == TaskRun.Status.RUNNING and held_by == holder:
+                        # Claimed by an earlier attempt whose answer was lost (a dropped
+                        # connection): it is this claim's.
+                        results[holder] = Started(Begin.RUN, receive_count, status)
+                        del wanted[run_id]
+                    elif status in (TaskRun.Status.SUCCEEDED, TaskRun.Status.FAILED):
+                        results[holder] = Started(Begin.SKIP, receive_count, status)
+                        del wanted[run_id]
+                    elif status == TaskRun.Status.RUNNING and (remaining or 0) > 0:
+                        results[holder] = Started(
+                            Begin.BUSY, receive_count, status, lease_remaining=remaining
+                        )
+                        del wanted[run_id]
+                    # Else released or retried between the two statements: claim again.
+        for _, holder, _ in wanted.values():
+            results[holder] = Started(Begin.BUSY, 0, TaskRun.Status.RUNNING, lease_remaining=1.0)
+        return results
+
     def extend(self, leases: Sequence[Lease]) -> set[str]:
         """Heartbeat: push the leases this process holds forward; returns the holders
         whose lease it extended (one lost to another worker after it expired, or of a
@@ -166,17 +278,33 @@ class RunLedger:
         with connection.cursor() as cursor:
             cursor.execute(
                 _EXTEND,
-                [
-                    [uuid.UUID(lease.run_id) for lease in leases],
-                    [lease.holder for lease in leases],
-                    [float(lease.seconds) for lease in leases],
-                ],
+                {
+                    "run_ids": [uuid.UUID(lease.run_id) for lease in leases],
+                    "holders": [lease.holder for lease in leases],
+                    "seconds": [float(lease.seconds) for lease in leases],
+                },
             )
             return {holder for (holder,) in cursor.fetchall()}
 
     def succeeded(self, run_id: str) -> None:
         with connection.cursor() as cursor:
             cursor.execute(_SUCCEEDED, [uuid.UUID(str(run_id))])
+
+    def succeeded_many(self, leases: Sequence[Lease]) -> set[str]:
+        """The group commit: mark ``succeeded`` every run still held by its lease's
+        holder, in one statement; returns the run ids it marked (the others were taken
+        over or settled otherwise meanwhile: this success is not theirs to record)."""
+        if not leases:
+            return set()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _SUCCEEDED_MANY,
+                {
+                    "run_ids": [uuid.UUID(lease.run_id) for lease in leases],
+                    "holders": [lease.holder for lease in leases],
+                },
+            )
+            return {str(run_id) for (run_id,) in cursor.fetchall()}
 
     def retrying(
         self,

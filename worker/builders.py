@@ -24,11 +24,20 @@ from broker import get_consumer
 from broker.consume import Consumer
 from broker.consume_loop import ConsumeLoop, LoopStats
 from broker.topology import automation_queue_name
+from common.metrics import Heartbeat
 from outbox.catalog import get_catalog
 from worker.processor import TaskProcessor
 from worker.registry import discover_handlers, missing_handlers
 
 logger = logging.getLogger("hubdommed.worker")
+
+# Messages the broker may hand a task worker, per slot. More than one: a slot that
+# finishes finds its next message waiting, and the runs of a window are claimed (and its
+# outcomes committed) together, so the window's depth is what pays for the two durable
+# records' round trips (docs/PERFORMANCE.md: 8 per slot reached about two thirds of 16's
+# rate). The price: messages of long tasks wait in one worker (claimed) while another
+# could take them, and after a crash they wait out their lease like the running ones.
+PREFETCH_PER_SLOT = 16
 
 
 @dataclass
@@ -73,7 +82,11 @@ def build_task_worker(
         stop_budget=stop_budget,
         ready_file=ready_file,
         poll_interval=poll_interval,
+        prefetch=concurrency * PREFETCH_PER_SLOT,
+        on_received=processor.received,
+        on_step=Heartbeat("worker", settings.LIVENESS_FILE).beat,
     )
+    processor.on_abandon = loop.replace_slot
     return TaskWorker(consumer, processor, loop)
 
 

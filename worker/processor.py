@@ -1,11 +1,19 @@
 """Running one task message: the run's bookkeeping, the handler, and what follows a failure.
 
 For each delivery: claim its run by ``run_id``, counting the receive and marking it
-``running`` under a lease (one statement); run the handler; mark it ``succeeded`` and
-ack. A run already ``succeeded`` or ``failed``: a duplicate, ack and skip. A run another
-worker holds under a live lease: this copy is not run but given back for when the lease
-ends (SQS: its visibility; RabbitMQ: its outbox row, then ack), by which time the holder
-has finished (the copy is then skipped) or died (the copy takes the run over).
+``running`` under a lease; run the handler; mark it ``succeeded`` and ack. The claims of
+the deliveries received together are made together, and the successes of many slots are
+committed together before their acks (``worker.window``). A run already ``succeeded`` or
+``failed``: a duplicate, ack and skip. A run another worker holds under a live lease: this
+copy is not run but given back for when the lease ends (SQS: its visibility; RabbitMQ:
+its outbox row, then ack), by which time the holder has finished (the copy is then
+skipped) or died (the copy takes the run over).
+
+A handler that runs longer than its task's time limit (``time_limit_seconds`` in
+``tasks.json``) is abandoned: its run is retried like after a transient failure, its
+lease is no longer extended, and its slot is given to a new thread. Whatever the
+abandoned handler does when it returns is ignored (its delivery is settled already, and
+a success is recorded only by the run's current holder).
 
 A failure is permanent when the handler says so (``PermanentError``, or a domain refusal:
 ``InvalidInput``, ``NotFound``, ``Forbidden``) or when this was the task's last receive
@@ -26,6 +34,8 @@ import time
 import traceback
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import close_old_connections, connection
@@ -39,12 +49,14 @@ from broker.consume import (
     heartbeat_interval,
     visibility_timeout,
 )
-from common.context import reset_correlation_id, set_correlation_id
-from outbox.catalog import RetryPolicy, UnknownTask, get_catalog
+from common.context import log_context
+from outbox.catalog import DEFAULT_TIME_LIMIT_SECONDS, RetryPolicy, UnknownTask, get_catalog
 from outbox.handlers import TaskMessage, get_handler
 from outbox.runs import Begin, Lease, RunLedger, new_holder, rearm_outbox_row
 from outbox.task_errors import UnknownTaskHandler, is_permanent
+from worker import metrics
 from worker.leases import LeaseKeeper
+from worker.window import Prepared, RunWindow
 
 logger = logging.getLogger("hubdommed.worker")
 
@@ -54,6 +66,34 @@ INFRASTRUCTURE_RETRY_SECONDS = 5.0
 # A copy given back because another worker holds its run comes back this long after the
 # holder's lease would end (SQS counts in whole seconds; the relay sweeps).
 LEASE_MARGIN_SECONDS = 1.0
+
+
+# The processor's outcomes, as the metric counts them (others are not task runs).
+_METRIC_OUTCOMES = {
+    "succeeded": "succeeded",
+    "retrying": "retried",
+    "failed": "failed",
+    "duplicate": "duplicate",
+    "timed_out": "timed_out",
+}
+
+
+class TimeLimitExceeded(Exception):
+    """The handler ran longer than its task's time limit: abandoned, retried."""
+
+
+@dataclass(eq=False)
+class _Running:
+    """A handler in progress, watched for its time limit."""
+
+    delivery: Delivery
+    thread: threading.Thread
+    deadline: float
+    limit: float
+    envelope: dict[str, Any]
+    lease: Lease
+    receive_count: int
+    policy: RetryPolicy
 
 
 def backoff_with_jitter(policy: RetryPolicy, receive_count: int) -> float:
@@ -72,6 +112,22 @@ class TaskProcessor:
         # The runs this process claimed, by the delivery that claimed them.
         self._claims: dict[Delivery, Lease] = {}
         self._claims_lock = threading.Lock()
+        self.window = RunWindow(self)
+        # Handlers in progress, for their time limits.
+        self._running: dict[Delivery, _Running] = {}
+        # Called with a slot's thread stuck in a handler past its time limit, once its
+        # delivery is settled: the consume loop replaces the slot (``replace_slot``).
+        self.on_abandon: Callable[[threading.Thread, Delivery], None] | None = None
+
+    # -- the consume loop's hooks ------------------------------------------------------------
+
+    def received(self, deliveries: list[Delivery]) -> None:
+        """Deliveries just received: their runs are claimed together, ahead of the slots."""
+        self.window.prepare(deliveries)
+
+    def unsettled(self) -> int:
+        """Outcomes handed over for the group commit and not acked yet."""
+        return self.window.unsettled()
 
     def process(self, delivery: Delivery) -> None:
         # A connection the database dropped while this thread was idle (a restart, a
@@ -92,6 +148,7 @@ class TaskProcessor:
         connection.close()
 
     def released(self, delivery: Delivery) -> None:
+        self.window.forget(delivery)
         lease = self._let_go(delivery)
         if lease is None:
             # Not claimed (yet): whoever claims it finds it given back and lets go.
@@ -104,63 +161,211 @@ class TaskProcessor:
 
     # -- one message ---------------------------------------------------------------------
 
-    def _process(self, delivery: Delivery) -> None:
-        try:
-            envelope = _checked_envelope(delivery)
-        except BadMessage as exc:
-            failure = FailureContext.from_exception(
-                exc, receive_count=delivery.broker_receive_count, tb=""
+    def claim_window(self, batch: list[Prepared]) -> None:
+        """Claim the runs of a window of deliveries in one statement (the bookkeeping
+        thread calls it); the runs claimed are held (their leases extended) at once."""
+        wanted: list[Prepared] = []
+        for prepared in batch:
+            if prepared.lease is not None:
+                # Tried again after a dropped connection: the same holder, so that a claim
+                # the first attempt made is recognised as this one's.
+                wanted.append(prepared)
+                continue
+            try:
+                prepared.envelope = _checked_envelope(prepared.delivery)
+            except BadMessage as exc:
+                prepared.error = exc
+                continue
+            prepared.lease = Lease(
+                run_id=str(uuid.UUID(str(prepared.envelope["run_id"]))),
+                holder=new_holder(),
+                seconds=visibility_timeout(prepared.delivery.destination),
+                interval=heartbeat_interval(prepared.delivery.destination),
             )
-            logger.error("unreadable message %s dead-lettered: %s", delivery.message_id, exc)
+            wanted.append(prepared)
+        if not wanted:
+            return
+        started = self.ledger.begin_many(
+            [(p.envelope, p.lease.holder, p.lease.seconds) for p in wanted]  # type: ignore[union-attr]
+        )
+        for prepared in wanted:
+            lease = prepared.lease
+            assert lease is not None
+            prepared.started = decision = started[lease.holder]
+            if decision.decision is Begin.SKIP:
+                # Delivered again after it finished: consumers are idempotent by run_id.
+                self.window.settle(prepared.delivery, None, "duplicate")
+            elif decision.decision is Begin.BUSY:
+                # Not run here, and settled now: it must not wait for a slot behind the
+                # very run it waits for.
+                delay = decision.lease_remaining + LEASE_MARGIN_SECONDS
+                logger.info(
+                    "run %s is held by another worker; this copy comes back in %.1f s",
+                    lease.run_id,
+                    delay,
+                )
+                self._settle(prepared.delivery, "busy", self._later, prepared.envelope, delay)
+            elif not self._hold(prepared.delivery, lease):
+                # Given back by a shutdown while it was being claimed: not run here.
+                prepared.given_back = True
+                self.ledger.requeued(lease.run_id, holder=lease.holder)
+
+    def _process(self, delivery: Delivery) -> None:
+        prepared = self.window.claim(delivery)
+        if isinstance(prepared.error, BadMessage):
+            failure = FailureContext.from_exception(
+                prepared.error, receive_count=delivery.broker_receive_count, tb=""
+            )
+            logger.error(
+                "unreadable message %s dead-lettered: %s", delivery.message_id, prepared.error
+            )
             self._settle(delivery, "unreadable", self._park, None, failure)
             return
-        lease = Lease(
-            run_id=str(uuid.UUID(str(envelope["run_id"]))),
-            holder=new_holder(),
-            seconds=visibility_timeout(delivery.destination),
-            interval=heartbeat_interval(delivery.destination),
-        )
-        started = self.ledger.begin(envelope, holder=lease.holder, lease=lease.seconds)
-        if started.decision is Begin.SKIP:
-            # Delivered again after it finished: consumers are idempotent by run_id.
-            self._settle(delivery, "duplicate", self.consumer.ack)
+        if prepared.error is not None:
+            raise prepared.error
+        if prepared.given_back:
             return
-        if started.decision is Begin.BUSY:
-            delay = started.lease_remaining + LEASE_MARGIN_SECONDS
-            logger.info(
-                "run %s is held by another worker; this copy comes back in %.1f s",
-                lease.run_id,
-                delay,
-            )
-            self._settle(delivery, "busy", self._later, envelope, delay)
+        envelope, lease, started = prepared.envelope, prepared.lease, prepared.started
+        assert envelope is not None and lease is not None and started is not None
+        if started.decision is not Begin.RUN:
+            # Settled by the bookkeeping (``claim_window``) without taking a slot.
             return
-        if not self._hold(delivery, lease):
-            # Given back by a shutdown while it was being claimed: not run here.
-            self.ledger.requeued(lease.run_id, holder=lease.holder)
-            return
-        try:
+        payload = envelope.get("payload")
+        job_id = payload.get("job_id") if isinstance(payload, dict) else None
+        with log_context(
+            correlation_id=envelope.get("correlation_id") or str(envelope["run_id"]),
+            run_id=lease.run_id,
+            job_id=job_id,
+            tenant_id=envelope.get("tenant"),
+        ):
             self._run(delivery, envelope, lease, started.receive_count)
-        finally:
-            self._let_go(delivery)
 
     def _run(self, delivery: Delivery, envelope: dict[str, Any], lease: Lease, receive_count: int):
         task = envelope["task"]
         policy = RetryPolicy()
-        token = set_correlation_id(envelope.get("correlation_id") or str(envelope["run_id"]))
+        limit = DEFAULT_TIME_LIMIT_SECONDS
+        began = time.monotonic()
+        outcome = "succeeded"
+        abandoned = False
         try:
             spec = get_catalog().task(task)
-            policy = spec.retry
+            policy, limit = spec.retry, spec.time_limit_seconds
             handler = get_handler(task)
             if handler is None:
                 raise UnknownTaskHandler(f"no handler is registered for task {task!r}")
-            handler(_task_message(envelope, receive_count))
+            running = _Running(
+                delivery,
+                threading.current_thread(),
+                began + limit,
+                limit,
+                envelope,
+                lease,
+                receive_count,
+                policy,
+            )
+            with self._claims_lock:
+                self._running[delivery] = running
+            self.window.wake()
+            try:
+                handler(_task_message(envelope, receive_count))
+            finally:
+                with self._claims_lock:
+                    abandoned = self._running.pop(delivery, None) is None
         except Exception as exc:
-            tb = traceback.format_exc()
-            self._failed(delivery, envelope, lease, exc, tb, receive_count, policy)
+            if abandoned:
+                # Past its time limit: the run was retried without it.
+                return
+            outcome = self._failed(
+                delivery, envelope, lease, exc, traceback.format_exc(), receive_count, policy
+            )
+            self._let_go(delivery)
         else:
-            self._settle(delivery, "succeeded", self._succeeded, envelope)
-        finally:
-            reset_correlation_id(token)
+            if abandoned:
+                # Past its time limit: the run was retried without it; its result is moot.
+                logger.warning("task %s run %s returned after it was abandoned", task, lease.run_id)
+                return
+            # Committed with others before the ack (``worker.window``); the lease is held
+            # until then.
+            self.window.settle(delivery, lease, "succeeded")
+        duration = time.monotonic() - began
+        metrics.TASK_RUN_DURATION.labels(task=task).observe(duration)
+        logger.info(
+            "task run finished",
+            extra={"task": task, "outcome": outcome, "duration": round(duration, 6)},
+        )
+
+    # -- time limits (the bookkeeping thread) ----------------------------------------------
+
+    def until_next_deadline(self) -> float:
+        with self._claims_lock:
+            if not self._running:
+                return float("inf")
+            soonest = min(running.deadline for running in self._running.values())
+        return max(0.0, soonest - time.monotonic())
+
+    def abandon_expired(self) -> None:
+        """Handlers past their time limit: their runs are retried (or dead-lettered on
+        their last receive), their leases let go, their slots replaced."""
+        now = time.monotonic()
+        with self._claims_lock:
+            if not self._running:
+                return
+            expired = [r for r in self._running.values() if r.deadline <= now]
+            for running in expired:
+                del self._running[running.delivery]
+        for running in expired:
+            task = running.envelope["task"]
+            logger.warning(
+                "task %s run %s exceeded its time limit of %.1f s: abandoned",
+                task,
+                running.lease.run_id,
+                running.limit,
+            )
+            metrics.TASK_RUNS.labels(task=task, outcome="timed_out").inc()
+            exc = TimeLimitExceeded(f"task {task} ran longer than {running.limit:g} s")
+            # Its lease is no longer extended; the retry below is recorded by its holder.
+            self._let_go(running.delivery)
+            self._failed(
+                running.delivery,
+                running.envelope,
+                running.lease,
+                exc,
+                "",
+                running.receive_count,
+                running.policy,
+            )
+            if self.on_abandon is not None:
+                self.on_abandon(running.thread, running.delivery)
+
+    # -- group settlement (the bookkeeping thread) -----------------------------------------
+
+    def let_go(self, delivery: Delivery) -> None:
+        self._let_go(delivery)
+
+    def settled(self, delivery: Delivery, outcome: str, *, unsettled: bool = False) -> None:
+        self._count(delivery, f"{outcome}-unsettled" if unsettled else outcome)
+
+    def come_back_later(self, deliveries: list[Delivery], outcome: str) -> None:
+        """The bookkeeping of these failed (the database is away): back for later."""
+        if not self.consumer.can_delay:
+            # They would come back at once: do not spin on a database that is away.
+            time.sleep(1.0)
+        for delivery in deliveries:
+            try:
+                self.consumer.retry_later(delivery, INFRASTRUCTURE_RETRY_SECONDS)
+            except TransportUnavailable as exc:
+                logger.warning("could not give back %s: %s", delivery.run_id, exc)
+            self._count(delivery, f"{outcome}-infrastructure")
+
+    def _count(self, delivery: Delivery, outcome: str) -> None:
+        self.outcomes[outcome] += 1
+        name = _METRIC_OUTCOMES.get(outcome)
+        if name is not None:
+            try:
+                task = str(delivery.envelope.get("task", "?"))
+            except BadMessage:
+                task = "?"
+            metrics.TASK_RUNS.labels(task=task, outcome=name).inc()
 
     def _hold(self, delivery: Delivery, lease: Lease) -> bool:
         with self._claims_lock:
@@ -186,7 +391,7 @@ class TaskProcessor:
         tb: str,
         receive_count: int,
         policy: RetryPolicy,
-    ) -> None:
+    ) -> str:
         error = f"{type(exc).__name__}: {exc}"
         permanent = is_permanent(exc) or isinstance(exc, UnknownTask)
         if permanent or receive_count >= policy.max_receives:
@@ -196,7 +401,7 @@ class TaskProcessor:
             )
             failure = FailureContext.from_exception(exc, receive_count=receive_count, tb=tb)
             self._settle(delivery, "failed", self._park, envelope, failure)
-            return
+            return "failed"
         delay = backoff_with_jitter(policy, receive_count)
         logger.info(
             "task %s run %s failed on receive %d, retrying in %.2f s: %s",
@@ -207,6 +412,7 @@ class TaskProcessor:
             error,
         )
         self._settle(delivery, "retrying", self._retry, envelope, lease, error, delay)
+        return "retried"
 
     # -- settling (exactly once per delivery) ----------------------------------------------
 
@@ -232,12 +438,7 @@ class TaskProcessor:
                     self._come_back_later(delivery, None)
                 except TransportUnavailable as exc:
                     logger.warning("could not give back %s: %s", delivery.run_id, exc)
-            self.outcomes[outcome] += 1
-
-    def _succeeded(self, delivery: Delivery, envelope: dict[str, Any]) -> None:
-        # Committed before the ack: a crash in between delivers a copy that is skipped.
-        self.ledger.succeeded(envelope["run_id"])
-        self.consumer.ack(delivery)
+            self._count(delivery, outcome)
 
     def _retry(
         self,
@@ -277,6 +478,7 @@ class TaskProcessor:
         # The copy first, then the record, then the ack: a crash in between delivers the
         # original again, which finds its run failed and is only acked.
         self.consumer.dead_letter(delivery, failure)
+        metrics.DEAD_LETTERED.labels(queue=delivery.destination).inc()
         if envelope is not None:
             self.ledger.failed(envelope, failure=failure)
         self.consumer.ack(delivery)

@@ -4,7 +4,9 @@ pika is not thread-safe, so one thread (the worker's main loop) owns the connect
 calls ``poll`` many times a second: that is what sends and answers the connection's
 heartbeats, even while every task of the process runs for an hour in other threads.
 A worker thread that settles a message asks the I/O thread to do it
-(``add_callback_threadsafe``) and waits for the answer.
+(``add_callback_threadsafe``) and waits for the answer; ``ack_many`` settles a whole
+group in one such call, with one ``basic.ack`` (``multiple``) for the longest run of
+delivery tags it can cover.
 
 A message being worked on simply stays unacked: the broker keeps it from everyone else
 and gives it back if the connection dies (which is what a killed worker looks like).
@@ -59,6 +61,9 @@ class RabbitMQConsumer(Consumer):
         self._received: list[Delivery] = []
         self._consumer_tags: list[str] = []
         self._generation = 0
+        # Delivery tags of the current channel not settled yet (touched on the I/O thread
+        # only): what tells whether one ``multiple`` ack may cover a group.
+        self._unacked: set[int] = set()
 
     # -- connection ------------------------------------------------------------------------
 
@@ -70,6 +75,7 @@ class RabbitMQConsumer(Consumer):
             self._connection = pika.BlockingConnection(params)
             self._io_thread = threading.get_ident()
             self._generation += 1
+            self._unacked = set()
             channel = self._connection.channel()
             method, kwargs = exchange_declaration()
             getattr(channel, method)(**kwargs)
@@ -95,6 +101,7 @@ class RabbitMQConsumer(Consumer):
         headers = properties.headers or {}
         # Quorum queues count earlier deliveries of this very message.
         earlier = headers.get("x-delivery-count") or 0
+        self._unacked.add(method.delivery_tag)
         self._received.append(
             Delivery(
                 destination=destination,
@@ -141,12 +148,18 @@ class RabbitMQConsumer(Consumer):
 
     # -- settling (any thread) -------------------------------------------------------------
 
-    def _on_io_thread(self, fn: Callable[[], T]) -> T:
+    def _on_io_thread(self, fn: Callable[[], T], *, wait: bool = True) -> T | None:
         connection = self._connection
         if connection is None:
             raise TransportUnavailable("not connected to RabbitMQ")
         if threading.get_ident() == self._io_thread:
             return fn()
+        if not wait:
+            try:
+                connection.add_callback_threadsafe(fn)
+            except pika.exceptions.AMQPError as exc:
+                raise TransportUnavailable(f"RabbitMQ connection lost: {exc!r}") from exc
+            return None
         answer: Future = Future()
 
         def run() -> None:
@@ -176,11 +189,50 @@ class RabbitMQConsumer(Consumer):
                 action(channel)
             except pika.exceptions.AMQPError as exc:
                 raise TransportUnavailable(f"RabbitMQ refused to settle: {exc!r}") from exc
+            self._unacked.discard(delivery.receipt)
 
         self._on_io_thread(run)
 
     def ack(self, delivery: Delivery) -> None:
         self._settle(delivery, lambda channel: channel.basic_ack(delivery.receipt))
+
+    def ack_many(self, deliveries: Sequence[Delivery], *, wait: bool = True) -> list[Delivery]:
+        if not deliveries:
+            return []
+
+        def run() -> list[Delivery]:
+            channel = self._channel
+            if channel is None or not channel.is_open:
+                return list(deliveries)
+            current = [d for d in deliveries if d.generation == self._generation]
+            gone = [d for d in deliveries if d.generation != self._generation]
+            tags = sorted(d.receipt for d in current)
+            # The lowest unsettled tags of the channel that are all in this group: one
+            # ``multiple`` ack covers them; the others are acked one by one (in the same
+            # write to the socket).
+            covered = 0
+            for ours, outstanding in zip(tags, sorted(self._unacked), strict=False):
+                if ours != outstanding:
+                    break
+                covered += 1
+            try:
+                if covered > 1:
+                    channel.basic_ack(tags[covered - 1], multiple=True)
+                else:
+                    covered = 0
+                for tag in tags[covered:]:
+                    channel.basic_ack(tag)
+            except pika.exceptions.AMQPError as exc:
+                # The channel broke: the broker takes back what was not acked.
+                logger.warning("acking %d messages failed: %r", len(tags), exc)
+                return list(deliveries)
+            self._unacked.difference_update(tags)
+            return gone
+
+        try:
+            return self._on_io_thread(run, wait=wait) or []
+        except TransportUnavailable:
+            return list(deliveries)
 
     def release(self, delivery: Delivery) -> None:
         self._settle(delivery, lambda channel: channel.basic_nack(delivery.receipt, requeue=True))

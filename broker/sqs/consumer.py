@@ -179,6 +179,33 @@ class SQSConsumer(Consumer):
         finally:
             self._settled(delivery)
 
+    def ack_many(self, deliveries: Sequence[Delivery], *, wait: bool = True) -> list[Delivery]:
+        """``DeleteMessageBatch``: ten a call, per queue."""
+        failed: list[Delivery] = []
+        by_queue: dict[str, list[Delivery]] = {}
+        for delivery in deliveries:
+            by_queue.setdefault(delivery.destination, []).append(delivery)
+        for destination, group in by_queue.items():
+            for start in range(0, len(group), MAX_RECEIVE):
+                chunk = group[start : start + MAX_RECEIVE]
+                try:
+                    answer = self._call(
+                        "delete_message_batch",
+                        QueueUrl=self._urls[destination],
+                        Entries=[
+                            {"Id": str(number), "ReceiptHandle": delivery.receipt}
+                            for number, delivery in enumerate(chunk)
+                        ],
+                    )
+                except TransportUnavailable:
+                    failed.extend(chunk)
+                else:
+                    failed.extend(chunk[int(entry["Id"])] for entry in answer.get("Failed", []))
+                finally:
+                    for delivery in chunk:
+                        self._settled(delivery)
+        return failed
+
     def release(self, delivery: Delivery) -> None:
         try:
             self._set_visibility(delivery, 0)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import threading
+import uuid
 
+import pika
 import pytest
 
+from broker import topology
 from broker.base import TransportUnavailable
 from broker.rabbitmq import consumer as consume_rabbitmq
 from broker.rabbitmq.consumer import RabbitMQConsumer
+from tests.polling import wait_until
 
 
 @pytest.fixture
@@ -37,3 +41,53 @@ def test_a_settlement_left_unanswered_raises_transport_unavailable(consumer, mon
 
     assert len(errors) == 1
     assert isinstance(errors[0], TransportUnavailable)
+
+
+def test_acks_of_a_group_cover_only_its_own_messages(settings, exchange_name):
+    """One ``multiple`` ack for the lowest run of tags the group holds, single acks for the
+    rest: a message between them, still being worked on, stays unacked (and comes back
+    when the connection goes)."""
+    settings.RABBITMQ_EXCHANGE = exchange_name
+    settings.QUEUE_PREFIX = f"{settings.QUEUE_PREFIX}{uuid.uuid4().hex[:6]}-"
+    queue = topology.queue_name("default")
+    consumer = RabbitMQConsumer()
+    consumer.start(["default"], prefetch=10)
+    try:
+        publisher = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+        channel = publisher.channel()
+        for number in range(6):
+            channel.basic_publish("", queue, f"message {number}".encode())
+        publisher.close()
+        received = []
+        wait_until(lambda: received.extend(consumer.poll(0.1)) or len(received) == 6, timeout=10)
+        held = received[3]
+        group = [received[number] for number in (4, 0, 2, 1, 5)]
+        done = threading.Event()
+        failed: list = []
+
+        def ack_from_a_worker_thread():
+            failed.extend(consumer.ack_many(group))
+            done.set()
+
+        threading.Thread(target=ack_from_a_worker_thread).start()
+        wait_until(lambda: consumer.poll(0.05) is not None and done.is_set(), timeout=10)
+        assert failed == []
+        assert consumer._unacked == {held.receipt}
+    finally:
+        consumer.close()
+
+    # The connection is gone: only the message the group did not hold comes back.
+    again = RabbitMQConsumer()
+    again.start(["default"], prefetch=10)
+    try:
+        back: list = []
+        wait_until(lambda: back.extend(again.poll(0.1)) or back, timeout=10)
+        again.poll(0.3)
+        back.extend(again.poll(0.3))
+        assert [delivery.body for delivery in back] == [b"message 3"]
+    finally:
+        again.close()
+        conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+        conn.channel().queue_delete(queue)
+        conn.channel().queue_delete(topology.dead_letter_queue_name("default"))
+        conn.close()

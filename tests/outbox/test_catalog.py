@@ -56,3 +56,24 @@ def test_a_missing_or_malformed_file_names_the_path(tmp_path):
     broken.write_text(json.dumps({"tasks": [{"name": "x", "queue": "nope"}]}))
     with pytest.raises(CatalogError, match=str(broken)):
         load_catalog(broken)
+
+
+def test_a_task_time_limit_comes_from_the_task_or_else_the_defaults():
+    catalog = parse_catalog(
+        {
+            "defaults": {"time_limit_seconds": 45},
+            "tasks": [
+                {"name": "a", "queue": "default"},
+                {"name": "b", "queue": "default", "time_limit_seconds": 2.5},
+            ],
+        }
+    )
+    assert catalog.task("a").time_limit_seconds == 45
+    assert catalog.task("b").time_limit_seconds == 2.5
+    assert parse_catalog({"tasks": [{"name": "c", "queue": "bulk"}]}).task("c").time_limit_seconds
+
+
+@pytest.mark.parametrize("limit", [0, -1, "60", True, None])
+def test_a_time_limit_that_is_not_a_positive_number_is_refused(limit):
+    with pytest.raises(CatalogError, match="time_limit_seconds"):
+        parse_catalog({"tasks": [{"name": "a", "queue": "default", "time_limit_seconds": limit}]})

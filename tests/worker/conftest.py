@@ -41,6 +41,9 @@ def test_catalog(tmp_path_factory) -> Path:
     catalog["tasks"].append(
         {"name": "test.work", "queue": "default", "retry": RETRY, "description": "tests"}
     )
+    catalog["tasks"].append(
+        {"name": "test.limited", "queue": "default", "retry": RETRY, "time_limit_seconds": 1}
+    )
     path = tmp_path_factory.mktemp("catalog") / "tasks.json"
     path.write_text(json.dumps(catalog))
     return path

@@ -2,7 +2,7 @@
 
 ``test.work`` records each execution in Redis (by run_id) and then does what its payload
 says: sleep, wait for the test's go-ahead, fail transiently until a given receive, or fail
-permanently.
+permanently. ``test.limited`` has a time limit of one second.
 """
 
 from __future__ import annotations
@@ -69,3 +69,14 @@ def work(message: TaskMessage) -> None:
         wait_for_go_ahead(message)
     if message.receive_count < payload.get("succeed_on", 1):
         raise TransientProblem(f"not yet (receive {message.receive_count})")
+
+
+@task("test.limited")
+def limited(message: TaskMessage) -> None:
+    """Stuck past its task's time limit on its first receive (it sleeps ``first_sleep``
+    seconds, then returns as if it had succeeded); refused for good on later receives."""
+    record_execution(message)
+    if message.receive_count == 1:
+        time.sleep(message.payload["first_sleep"])
+        return
+    raise InvalidInput("refused on a later receive")

@@ -1,0 +1,293 @@
+"""The run bookkeeping of a window of deliveries, in groups: one thread, one connection.
+
+The task runtime keeps two durable records per message: the claim of its run before the
+handler starts, the outcome before the ack. Paid one round trip each per message, they
+bound a worker at a few hundred no-op tasks a second. Here they are paid per window:
+
+- the deliveries the consume loop received together (the broker hands over more than
+  there are slots) are claimed together, in one statement, as soon as they arrive; a slot
+  that takes one finds its claim made (or waits for the statement in progress);
+- a slot whose handler succeeded hands the outcome over and takes its next message; the
+  outcomes that gathered meanwhile are committed in one statement (a group commit), then
+  acked in one call to the broker (one ``multiple`` ack on RabbitMQ, ``DeleteMessageBatch``
+  on SQS). The ack never precedes its commit: a crash in between delivers copies of
+  runs already ``succeeded``, which are recognised as duplicates and only acked.
+
+Claims and outcomes have a thread each (each with its database connection), so that a
+window's claim and the previous window's commit overlap. The claiming thread also watches
+the handlers' time limits (``TaskProcessor.abandon_expired``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
+
+from broker.consume import Consumer, Delivery
+from outbox.runs import Lease, RunLedger, Started
+
+logger = logging.getLogger("hubdommed.worker")
+
+# The longest the thread sleeps when nothing wakes it (time limits are checked as often).
+MAX_SLEEP = 0.5
+# With nothing to do for this long, the thread lets go of its database connection.
+IDLE_CLOSE_SECONDS = 5.0
+# After a pause this long, the connection is checked before it is used (the database may
+# have restarted meanwhile); a busy thread does not pay for the check.
+CHECK_AFTER_SECONDS = 1.0
+# A group commit that fails (the database is away) is tried again, its leases still
+# held, this many times, the pauses doubling from the first; then its messages are given
+# back for later.
+COMMIT_ATTEMPTS = 6
+COMMIT_RETRY_FIRST = 0.25
+
+
+@dataclass(eq=False)
+class Prepared:
+    """A delivery's claim, made with the others of its window."""
+
+    delivery: Delivery
+    done: threading.Event = field(default_factory=threading.Event)
+    envelope: dict[str, Any] | None = None
+    lease: Lease | None = None
+    started: Started | None = None
+    # The message's own problem (unreadable), or the database's.
+    error: BaseException | None = None
+    # Given back by a shutdown while it was being claimed: not to be run.
+    given_back: bool = False
+
+
+@dataclass(eq=False)
+class _Outcome:
+    delivery: Delivery
+    # The run to mark ``succeeded`` by its holder; None: a duplicate, only acked.
+    lease: Lease | None
+    outcome: str
+
+
+class Bookkeeper(Protocol):
+    """What the window asks of the task processor (``worker.processor.TaskProcessor``)."""
+
+    ledger: RunLedger
+    consumer: Consumer
+
+    def claim_window(self, batch: list[Prepared]) -> None: ...
+
+    def until_next_deadline(self) -> float: ...
+
+    def abandon_expired(self) -> None: ...
+
+    def come_back_later(self, deliveries: list[Delivery], outcome: str) -> None: ...
+
+    def let_go(self, delivery: Delivery) -> None: ...
+
+    def settled(self, delivery: Delivery, outcome: str, *, unsettled: bool = False) -> None: ...
+
+
+class RunWindow:
+    def __init__(self, processor: Bookkeeper) -> None:
+        self.processor = processor
+        self._lock = threading.Lock()
+        self._claims_waiting = threading.Event()
+        self._outcomes_waiting = threading.Event()
+        self._to_claim: list[Prepared] = []
+        self._prepared: dict[int, Prepared] = {}
+        self._to_settle: list[_Outcome] = []
+        # Outcomes taken by the thread and not acked yet.
+        self._in_settlement = 0
+        self._claimer: threading.Thread | None = None
+        self._settler: threading.Thread | None = None
+        self.claim_statements = 0
+        self.commit_statements = 0
+
+    # -- from the consume loop's thread and the slots -------------------------------------
+
+    def prepare(self, deliveries: list[Delivery]) -> None:
+        """Claim the runs of these deliveries, together, before any slot asks (no waiting
+        here: the consume loop's thread calls it)."""
+        with self._lock:
+            for delivery in deliveries:
+                if id(delivery) not in self._prepared:
+                    prepared = Prepared(delivery)
+                    self._prepared[id(delivery)] = prepared
+                    self._to_claim.append(prepared)
+            self._ensure_threads()
+        self._claims_waiting.set()
+
+    def claim(self, delivery: Delivery) -> Prepared:
+        """The delivery's claim, waiting for its window's statement if need be."""
+        with self._lock:
+            prepared = self._prepared.get(id(delivery))
+        if prepared is None:
+            self.prepare([delivery])
+            with self._lock:
+                prepared = self._prepared[id(delivery)]
+        prepared.done.wait()
+        with self._lock:
+            self._prepared.pop(id(delivery), None)
+        return prepared
+
+    def forget(self, delivery: Delivery) -> Prepared | None:
+        """A delivery given back before a slot took it: its claim, if one was made."""
+        with self._lock:
+            prepared = self._prepared.get(id(delivery))
+        if prepared is None or not prepared.done.is_set():
+            return None
+        with self._lock:
+            self._prepared.pop(id(delivery), None)
+        return prepared
+
+    def settle(self, delivery: Delivery, lease: Lease | None, outcome: str) -> None:
+        """Commit this outcome with the others that gathered meanwhile, then ack; no
+        waiting here (the slot takes its next message)."""
+        with self._lock:
+            self._to_settle.append(_Outcome(delivery, lease, outcome))
+            self._ensure_threads()
+        self._outcomes_waiting.set()
+
+    def unsettled(self) -> int:
+        with self._lock:
+            return len(self._to_settle) + self._in_settlement
+
+    def wake(self) -> None:
+        """A new time limit to watch."""
+        self._claims_waiting.set()
+
+    # -- the bookkeeping thread -----------------------------------------------------------
+
+    def _ensure_threads(self) -> None:
+        if self._claimer is None or not self._claimer.is_alive():
+            self._claimer = threading.Thread(target=self._claiming, name="runs-claim", daemon=True)
+            self._claimer.start()
+        if self._settler is None or not self._settler.is_alive():
+            self._settler = threading.Thread(target=self._settling, name="runs-done", daemon=True)
+            self._settler.start()
+
+    def _claiming(self) -> None:
+        with _Connection() as db:
+            while True:
+                self._claims_waiting.wait(min(MAX_SLEEP, self.processor.until_next_deadline()))
+                self._claims_waiting.clear()
+                with self._lock:
+                    claims, self._to_claim = self._to_claim, []
+                if claims:
+                    db.use()
+                    self._claim(claims)
+                self.processor.abandon_expired()
+                db.idle()
+
+    def _settling(self) -> None:
+        with _Connection() as db:
+            while True:
+                self._outcomes_waiting.wait(MAX_SLEEP)
+                self._outcomes_waiting.clear()
+                with self._lock:
+                    outcomes, self._to_settle = self._to_settle, []
+                    self._in_settlement += len(outcomes)
+                if outcomes:
+                    db.use()
+                    try:
+                        self._settle(outcomes)
+                    finally:
+                        with self._lock:
+                            self._in_settlement -= len(outcomes)
+                db.idle()
+
+    def _claim(self, batch: list[Prepared]) -> None:
+        try:
+            self.claim_statements += 1
+            try:
+                self.processor.claim_window(batch)
+            except (InterfaceError, OperationalError):
+                # A connection the database dropped: once more on a new one (a claim whose
+                # answer was lost is found held by its own holder).
+                connection.close()
+                self.processor.claim_window(batch)
+        except Exception as exc:
+            # The database is away: each slot gives its message back for later.
+            logger.exception("claiming %d runs failed", len(batch))
+            for prepared in batch:
+                if prepared.error is None and prepared.started is None:
+                    prepared.error = exc
+            connection.close()
+        finally:
+            for prepared in batch:
+                prepared.done.set()
+
+    def _settle(self, outcomes: list[_Outcome]) -> None:
+        mine = [item for item in outcomes if item.delivery.take_settlement()]
+        # Not mine: given back by a shutdown meanwhile; its run was put back to queued.
+        if not mine:
+            return
+        leases = [item.lease for item in mine if item.lease is not None]
+        try:
+            if leases and not self._commit(leases):
+                self.processor.come_back_later([item.delivery for item in mine], "infrastructure")
+                return
+        finally:
+            for item in mine:
+                self.processor.let_go(item.delivery)
+        # Committed: now the acks, all in one call (RabbitMQ: sent by its I/O thread
+        # without waiting here; one that fails comes back and is skipped as a duplicate).
+        deliveries = [item.delivery for item in mine]
+        unacked = {id(d) for d in self.processor.consumer.ack_many(deliveries, wait=False)}
+        for item in mine:
+            failed = id(item.delivery) in unacked
+            self.processor.settled(item.delivery, item.outcome, unsettled=failed)
+
+    def _commit(self, leases: list[Lease]) -> bool:
+        """The group commit, tried again while the database is away (the runs' leases are
+        extended meanwhile): False when it never worked."""
+        pause = COMMIT_RETRY_FIRST
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                self.commit_statements += 1
+                marked = self.processor.ledger.succeeded_many(leases)
+            except Exception:
+                logger.exception(
+                    "recording %d outcomes failed (attempt %d of %d)",
+                    len(leases),
+                    attempt,
+                    COMMIT_ATTEMPTS,
+                )
+                connection.close()
+                if attempt < COMMIT_ATTEMPTS:
+                    time.sleep(pause)
+                    pause *= 2
+                continue
+            lost = {lease.run_id for lease in leases} - marked
+            if lost:
+                # Taken over after the lease expired: the new holder records its own.
+                logger.warning("runs taken over before their success was recorded: %s", lost)
+            return True
+        return False
+
+
+class _Connection:
+    """A bookkeeping thread's database connection: checked before use after a pause, let
+    go of after a while with nothing to do, closed when the thread ends."""
+
+    def __init__(self) -> None:
+        self._used_at: float | None = None
+
+    def __enter__(self) -> _Connection:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        connection.close()
+
+    def use(self) -> None:
+        now = time.monotonic()
+        if self._used_at is None or now - self._used_at > CHECK_AFTER_SECONDS:
+            close_old_connections()
+        self._used_at = now
+
+    def idle(self) -> None:
+        if self._used_at is not None and time.monotonic() - self._used_at > IDLE_CLOSE_SECONDS:
+            connection.close()
+            self._used_at = None
