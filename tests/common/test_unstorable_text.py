@@ -27,6 +27,7 @@ from tests.factories import (
     UserFactory,
 )
 from tests.identity.support import client_for
+from webhook.services import endpoint_create
 
 pytestmark = pytest.mark.django_db
 
@@ -74,6 +75,12 @@ def world(db):
     schedule = schedule_create(
         tenant=tenant, actor=manager, automation_id=automation.pk, name="nightly", cron="0 6 * * *"
     )
+    endpoint = endpoint_create(
+        tenant=tenant,
+        url="https://hooks.example.com/hub",
+        event_types=["JobCompleted"],
+        actor=manager,
+    )
     worker = APIClient(raise_request_exception=False)
     worker.credentials(HTTP_AUTHORIZATION=f"Bearer {automation.credential}")
     clients = {
@@ -89,6 +96,7 @@ def world(db):
         "job_id": running.pk,
         "sector_id": automation.sector_id,
         "schedule_id": schedule.pk,
+        "endpoint_id": endpoint.pk,
     }
     return clients, ids
 
@@ -149,6 +157,11 @@ def _valid_bodies(ids: dict) -> dict[tuple[str, str], tuple[str, dict]]:
         "params": {},
         "misfire": "run_once",
     }
+    webhook = {
+        "url": "https://hooks.example.com/orders",
+        "event_types": ["JobCompleted", "JobFailed"],
+        "description": "Orders",
+    }
     refresh = {"refresh_token": "hdr_unknown"}
     return {
         ("post", "/api/v1/auth/login"): ("anonymous", {"email": "x@x.example", "password": "p"}),
@@ -177,6 +190,9 @@ def _valid_bodies(ids: dict) -> dict[tuple[str, str], tuple[str, dict]]:
         ),
         ("post", "/api/v1/schedules"): ("manager", schedule),
         ("patch", "/api/v1/schedules/{schedule_id}"): ("manager", schedule),
+        ("post", "/api/v1/webhooks"): ("manager", webhook),
+        ("patch", "/api/v1/webhooks/{endpoint_id}"): ("manager", webhook),
+        ("post", "/api/v1/webhooks/{endpoint_id}/disable"): ("manager", {"reason": "Moving"}),
         ("post", "/api/v1/sectors"): ("admin", sector),
         ("patch", "/api/v1/sectors/{sector_id}"): ("admin", sector),
         ("post", "/api/v1/tenants"): ("admin", {"name": "New", "slug": "new"}),
