@@ -98,7 +98,7 @@ def job_create(
         )
     if not automation.is_active:
         raise Conflict("The automation is inactive.", code="automation_inactive")
-    _validate_params(params, schema=automation.params_schema, automation_id=automation.id)
+    job_params_check(params, schema=automation.params_schema, automation_id=automation.id)
 
     now = timezone.now()
     job = Job(
@@ -152,7 +152,9 @@ def _replayed(job: Job, *, automation_id: int, params: dict[str, Any]) -> Job:
     return job
 
 
-def _validate_params(params: Any, *, schema: dict[str, Any] | None, automation_id: int) -> None:
+def job_params_check(params: Any, *, schema: dict[str, Any] | None, automation_id: int) -> None:
+    """The checks a job's parameters pass before it is created (also made by callers that
+    keep parameters for later jobs, such as a schedule, when they are saved)."""
     if not isinstance(params, dict):
         raise InvalidInput(
             "The parameters must be a JSON object.",
@@ -172,7 +174,8 @@ def _validate_params(params: Any, *, schema: dict[str, Any] | None, automation_i
     except UnusableSchema as exc:
         logger.error("automation %s: its parameter schema is unusable: %s", automation_id, exc)
         raise Conflict(
-            "The automation's parameter schema is broken; nothing can be started until "
+            "The automation's parameter schema is broken; nothing can be started or scheduled "
+            "until "
             "it is fixed.",
             code="automation_misconfigured",
             details={"params_schema": [str(exc)]},

@@ -9,11 +9,11 @@ from django.utils.safestring import mark_safe
 
 from common.admin import DeactivatableAdmin, StorableJSONField, adopt
 from common.errors import DomainError
+from job.services import job_params_check
 from schedule.models import Schedule
 from schedule.selectors import schedule_runs
 from schedule.services import (
     check_fields,
-    check_params,
     schedule_create,
     schedule_deactivate,
     schedule_pause,
@@ -41,7 +41,7 @@ class ScheduleAdminForm(forms.ModelForm):
             check_fields({key: cleaned[key] for key in EDITABLE if key in cleaned})
             automation = cleaned.get("automation") or getattr(self.instance, "automation", None)
             if automation is not None:
-                check_params(
+                job_params_check(
                     cleaned["params"], schema=automation.params_schema, automation_id=automation.pk
                 )
         except DomainError as refusal:

@@ -19,9 +19,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from automation.selectors import automation_get
-from automation.validation import UnusableSchema, params_errors
 from common.errors import Conflict, DomainError, InvalidInput, NotFound
-from job.services import job_create, json_size
+from job.services import job_create, job_params_check
 from schedule import calendar
 from schedule.models import Misfire, Schedule, ScheduleRun
 
@@ -62,7 +61,7 @@ def schedule_create(
         )
     if not automation.is_active:
         raise Conflict("The automation is inactive.", code="automation_inactive")
-    check_params(params, schema=automation.params_schema, automation_id=automation.id)
+    job_params_check(params, schema=automation.params_schema, automation_id=automation.id)
 
     now = timezone.now()
     schedule = Schedule(
@@ -93,7 +92,7 @@ def schedule_update(*, tenant: Any, schedule_id: int, data: Mapping[str, Any]) -
     check_fields(changes)
     if "params" in changes:
         automation = automation_get(schedule.automation_id)
-        check_params(
+        job_params_check(
             changes["params"], schema=automation.params_schema, automation_id=automation.id
         )
     if "cron" in changes:
@@ -132,7 +131,7 @@ def schedule_resume(*, tenant: Any, schedule_id: int) -> Schedule:
     automation = automation_get(schedule.automation_id)
     if not automation.is_active:
         raise Conflict("The automation is inactive.", code="automation_inactive")
-    check_params(schedule.params, schema=automation.params_schema, automation_id=automation.id)
+    job_params_check(schedule.params, schema=automation.params_schema, automation_id=automation.id)
     now = timezone.now()
     if schedule.resume(now=now):
         schedule.updated_at = now
@@ -181,40 +180,6 @@ def check_fields(fields: Mapping[str, Any]) -> None:
         (field_name,) = errors
         raise InvalidInput(errors[field_name][0], code=f"invalid_{field_name}", details=errors)
     raise InvalidInput("The schedule is invalid.", code="invalid", details=errors)
-
-
-def check_params(params: Any, *, schema: dict[str, Any] | None, automation_id: int) -> None:
-    """The checks ``job_create`` makes, made when the schedule is saved rather than at its
-    first run."""
-    if not isinstance(params, dict):
-        raise InvalidInput(
-            "The parameters must be a JSON object.",
-            code="invalid_params",
-            details={"params": ["Must be a JSON object."]},
-        )
-    size = json_size(params)
-    if size > settings.JOB_PARAMS_MAX_BYTES:
-        raise InvalidInput(
-            f"The parameters take {size} bytes; the limit is {settings.JOB_PARAMS_MAX_BYTES}.",
-            code="params_too_large",
-            details={"params": [f"At most {settings.JOB_PARAMS_MAX_BYTES} bytes of JSON."]},
-        )
-    try:
-        errors = params_errors(params, schema)
-    except UnusableSchema as exc:
-        logger.error("automation %s: its parameter schema is unusable: %s", automation_id, exc)
-        raise Conflict(
-            "The automation's parameter schema is broken; nothing can be scheduled until "
-            "it is fixed.",
-            code="automation_misconfigured",
-            details={"params_schema": [str(exc)]},
-        ) from None
-    if errors:
-        raise InvalidInput(
-            "The parameters do not match the automation's schema.",
-            code="invalid_params",
-            details={"params": errors},
-        )
 
 
 # --- the firing -------------------------------------------------------------------------
