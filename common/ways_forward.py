@@ -24,7 +24,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Repaired:
-    """One row a check found stranded, and what gave it a way forward."""
+    """One row a check found stranded, and what gave it a way forward.
+
+    ``repaired=False``: the check found the row stranded but cannot move it itself (what it
+    needs is an operator's: a queue nobody consumes, a message the broker keeps refusing);
+    ``action`` then says what the operator can do. The monitor logs such a row once, not
+    every cycle it is found again, and shows how many there are in
+    ``hubdommed_stranded_rows_unrepaired{machine=...}``.
+    """
 
     # The row as an operator would look it up: "webhook delivery 17".
     row: str
@@ -32,6 +39,7 @@ class Repaired:
     problem: str
     # What the check did: "scheduled an attempt", "failed with reason ...".
     action: str
+    repaired: bool = True
 
 
 StrandedCheck = Callable[[], list[Repaired]]

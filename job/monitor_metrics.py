@@ -6,7 +6,7 @@ what happened to jobs through the API.
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 MONITOR_CYCLES = Counter(
     "hubdommed_monitor_cycles_total",
@@ -32,4 +32,18 @@ MONITOR_STEP_ERRORS = Counter(
     "hubdommed_monitor_step_errors_total",
     "Steps of a monitor cycle that failed (database or provider unreachable, or a bug).",
     ["step"],
+)
+# The checks of common.ways_forward, run each cycle: rows in a non-final state that nothing
+# would have moved, by state machine (jobs, task_runs, outbox_messages, ...).
+STRANDED_ROWS = Counter(
+    "hubdommed_stranded_rows_total",
+    "Rows found with no way forward and given one again (re-sent, settled, brought "
+    "forward), by state machine. Any increase is a defect or an outage to look into.",
+    ["machine"],
+)
+STRANDED_UNREPAIRED = Gauge(
+    "hubdommed_stranded_rows_unrepaired",
+    "Rows the last monitor cycle found with no way forward that its check cannot move "
+    "itself (an operator must: see the monitor's log), by state machine.",
+    ["machine"],
 )

@@ -35,7 +35,7 @@ def test_a_cycle_runs_every_step_and_logs_one_line_of_counts(monitor, pending_fo
         "monitor cycle: power-on re-sent for 1 automations; 0 silent workers restarted; "
         "lost workers: 1 failed, "
         "1 requeued, 0 canceled, 0 alive after all, 0 errors; 0 idle machines stopped; "
-        "0 step errors"
+        "stranded rows: 0 repaired, 0 left to an operator; 0 step errors"
     ]
 
 

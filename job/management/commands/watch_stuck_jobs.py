@@ -15,7 +15,12 @@ cycle run anyway):
    holding a rotated-out credential);
 2. settle the running jobs whose lease expired (their worker stopped heartbeating):
    ``worker_lost``, or back to pending when the automation allows another attempt;
-3. stop the ``ec2`` machines idle for longer than ``MONITOR_EC2_IDLE_SECONDS``.
+3. stop the ``ec2`` machines idle for longer than ``MONITOR_EC2_IDLE_SECONDS``;
+4. run every check of ``common.ways_forward`` (one per state machine: jobs, task runs,
+   outbox rows, ...), each alone: the rows in a non-final state that nothing would move
+   are given a way forward again, counted in ``hubdommed_stranded_rows_total{machine}``
+   and logged once at warning; those a check cannot move itself are logged once (while
+   they stay stranded) and shown in ``hubdommed_stranded_rows_unrepaired{machine}``.
 
 One line of counts per cycle at info. SIGTERM or SIGINT end the loop within a second
 (the wait between cycles is cut in slices) and the process exits 0. Two monitors
@@ -40,7 +45,14 @@ from django.utils import timezone
 from automation.machines.services import machines_stop_idle
 from common.context import log_context
 from common.metrics import Heartbeat, serve_metrics
-from job.monitor_metrics import MONITOR_CYCLES, MONITOR_JOBS, MONITOR_STEP_ERRORS
+from common.ways_forward import Repaired, stranded_checks
+from job.monitor_metrics import (
+    MONITOR_CYCLES,
+    MONITOR_JOBS,
+    MONITOR_STEP_ERRORS,
+    STRANDED_ROWS,
+    STRANDED_UNREPAIRED,
+)
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
 from job.services import (
     Settlement,
@@ -60,12 +72,36 @@ OUTAGE_MARGIN_SECONDS = 5.0
 
 
 @dataclass
+class StrandedCounts:
+    """What the checks of ``common.ways_forward`` found in one cycle, by state machine."""
+
+    # The machines whose check ran, and those whose check failed.
+    ran: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    # The rows each repaired, and those each found stranded but could not move.
+    repaired: Counter = field(default_factory=Counter)
+    unrepaired: Counter = field(default_factory=Counter)
+
+    def text(self) -> str:
+        by_machine = ", ".join(
+            f"{machine} {self.repaired[machine]}" for machine in self.ran if self.repaired[machine]
+        )
+        return (
+            f"stranded rows: {sum(self.repaired.values())} repaired"
+            + (f" ({by_machine})" if by_machine else "")
+            + f", {sum(self.unrepaired.values())} left to an operator"
+            + (f", checks failed: {', '.join(self.failed)}" if self.failed else "")
+        )
+
+
+@dataclass
 class CycleCounts:
     leases_renewed: int = 0
     powered_on: int = 0
     workers_restarted: int = 0
     settled: Counter = field(default_factory=Counter)
     machines_stopped: int = 0
+    stranded: StrandedCounts = field(default_factory=StrandedCounts)
     errors: int = 0
 
     def line(self) -> str:
@@ -77,7 +113,8 @@ class CycleCounts:
             f"{self.settled[Settlement.CANCELED]} canceled, "
             f"{self.settled[Settlement.ALIVE]} alive after all, "
             f"{self.settled['error']} errors; "
-            f"{self.machines_stopped} idle machines stopped; {self.errors} step errors"
+            f"{self.machines_stopped} idle machines stopped; {self.stranded.text()}; "
+            f"{self.errors} step errors"
             + (
                 f"; {self.leases_renewed} leases renewed after an outage"
                 if self.leases_renewed
@@ -102,12 +139,18 @@ class CycleCounts:
             # inc(0) too: every action's series exists from the first cycle on, so a
             # rate() over it is 0 rather than absent.
             MONITOR_JOBS.labels(action=action).inc(value)
+        for machine in stranded_checks():
+            STRANDED_ROWS.labels(machine=machine).inc(self.stranded.repaired[machine])
+            if machine in self.stranded.ran:
+                # What a check that ran saw; a failed check leaves its figure as it was.
+                STRANDED_UNREPAIRED.labels(machine=machine).set(self.stranded.unrepaired[machine])
 
 
 class Command(BaseCommand):
     help = (
         "Rescue stuck jobs: power machines on again for long-pending jobs, settle running "
-        "jobs whose worker was lost, stop idle ec2 machines."
+        "jobs whose worker was lost, stop idle ec2 machines, and give a way forward again to "
+        "the rows of every state machine that nothing would move."
     )
 
     def __init__(self, *args, **kwargs):
@@ -116,6 +159,9 @@ class Command(BaseCommand):
         self.cycles = 0
         self.interval = settings.MONITOR_INTERVAL_SECONDS
         self.heartbeat = Heartbeat("monitor", settings.LIVENESS_FILE)
+        # The stranded rows a check could not move, by machine, as last reported: each is
+        # logged when it first shows up, not again while it stays stranded.
+        self.unrepaired: dict[str, set[tuple[str, str]]] = {}
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="run one cycle, then exit")
@@ -170,6 +216,71 @@ class Command(BaseCommand):
             busy_automation_ids=automation_ids_with_work(),
         )
 
+    def repair_stranded_rows(self) -> StrandedCounts:
+        """Step 4: every state machine's check of rows with no way forward, each alone."""
+        found = StrandedCounts()
+        for machine, check in stranded_checks().items():
+            if self.shutdown:
+                break
+            try:
+                rows = check()
+            except (OperationalError, InterfaceError) as exc:
+                # The database is away: the checks after this one would only fail the same
+                # way. What the ones before repaired is still counted.
+                self._database_away("repair_stranded_rows", exc)
+                found.failed.append(machine)
+                break
+            except Exception:
+                # One broken check must not keep the others from finding their rows.
+                logger.exception("monitor: the %s check of stranded rows failed", machine)
+                found.failed.append(machine)
+                MONITOR_STEP_ERRORS.labels(step=f"repair_stranded_rows.{machine}").inc()
+                continue
+            found.ran.append(machine)
+            self._report_stranded(machine, rows, found)
+        return found
+
+    def _report_stranded(self, machine: str, rows: list[Repaired], found: StrandedCounts) -> None:
+        """Count and log what one check found. A repaired row was moved, so it is not found
+        again; one left to an operator is found every cycle until someone acts, and logged
+        only the first time (``self.unrepaired`` remembers the last cycle's)."""
+        seen_before = self.unrepaired.get(machine, set())
+        left: set[tuple[str, str]] = set()
+        for row in rows:
+            if row.repaired:
+                found.repaired[machine] += 1
+                outcome = "repaired"
+            else:
+                found.unrepaired[machine] += 1
+                key = (row.row, row.problem)
+                left.add(key)
+                if key in seen_before:
+                    continue
+                outcome = "left to an operator"
+            logger.warning(
+                "stranded %s row %s: %s: %s; %s",
+                machine,
+                outcome,
+                row.row,
+                row.problem,
+                row.action,
+                extra={
+                    "machine": machine,
+                    "row": row.row,
+                    "problem": row.problem,
+                    "action": row.action,
+                    "repaired": row.repaired,
+                },
+            )
+        self.unrepaired[machine] = left
+
+    @staticmethod
+    def _database_away(step: str, exc: Exception) -> None:
+        # One line, no traceback; the next step (or cycle) starts on a new connection.
+        logger.warning("monitor step %s: database unreachable (%s)", step, exc)
+        connection.close()
+        MONITOR_STEP_ERRORS.labels(step=step).inc()
+
     def run_cycle(self) -> CycleCounts:
         # What a cycle causes (power-ons, settled jobs' events) and what it logs share an id
         # of the cycle's own, never one the process would keep from its first cycle on.
@@ -184,6 +295,7 @@ class Command(BaseCommand):
             (self.restart_silent_workers, "workers_restarted"),
             (self.settle_lost_jobs, "settled"),
             (self.stop_idle_machines, "machines_stopped"),
+            (self.repair_stranded_rows, "stranded"),
         ):
             # A connection the database dropped (a restart, a terminated backend, an idle
             # timeout) is replaced before each step, not found dead by it. Not inside a
@@ -193,12 +305,8 @@ class Command(BaseCommand):
             try:
                 setattr(counts, keep, step())
             except (OperationalError, InterfaceError) as exc:
-                # The database is away: one line, no traceback; the next step (or cycle)
-                # starts on a new connection.
-                logger.warning("monitor step %s: database unreachable (%s)", step.__name__, exc)
-                connection.close()
+                self._database_away(step.__name__, exc)
                 counts.errors += 1
-                MONITOR_STEP_ERRORS.labels(step=step.__name__).inc()
             except Exception:
                 # AWS away, or a bug: the other steps still run.
                 logger.exception("monitor step %s failed", step.__name__)
@@ -210,6 +318,7 @@ class Command(BaseCommand):
             logger.exception("monitor could not record the end of its cycle")
             counts.errors += 1
             MONITOR_STEP_ERRORS.labels(step="monitor_cycle_ended").inc()
+        counts.errors += len(counts.stranded.failed)
         self.cycles += 1
         counts.count()
         logger.info(counts.line())
