@@ -6,6 +6,7 @@ everyone else the active ones only. A retired automation is then "not found" for
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.db.models import Q, QuerySet
@@ -80,3 +81,13 @@ def automation_list(
 def automation_count_active_in_sector(sector_id: int) -> int:
     """How many active automations a sector classifies (the sector's deactivation rule)."""
     return Automation.objects.filter(sector_id=sector_id, is_active=True).count()
+
+
+def automation_ids_deactivated(*, before: datetime) -> list[int]:
+    """The automations deactivated before ``before``: what is left of their jobs is ended
+    (the catalog is small; this is a read of its rows, not of anyone's history)."""
+    return list(
+        Automation.objects.filter(is_active=False, deactivated_at__lt=before)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )

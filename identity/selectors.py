@@ -7,6 +7,8 @@ a tenant manager only the people of their own tenant. Anything outside that is
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db.models import Q, QuerySet
 
 from common.errors import InvalidInput, NotFound
@@ -21,6 +23,19 @@ def tenant_list(*, is_active: bool | None = None, search: str = "") -> QuerySet[
     if search:
         queryset = queryset.filter(Q(name__icontains=search) | Q(slug__icontains=search))
     return queryset
+
+
+def tenant_is_active(tenant_id: int) -> bool:
+    return Tenant.objects.filter(pk=tenant_id, is_active=True).exists()
+
+
+def tenant_ids_deactivated(*, before: datetime) -> list[int]:
+    """The tenants deactivated before ``before``: what is left of their jobs is ended."""
+    return list(
+        Tenant.objects.filter(is_active=False, deactivated_at__lt=before)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
 
 
 def tenant_for_admin(tenant_id: int) -> Tenant:

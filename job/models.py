@@ -6,6 +6,10 @@ raises ``Conflict`` with a stable code when the move is illegal, changes the
 instance in memory and returns the domain event it causes (or ``None`` when the
 call repeats what already happened). ``job.services`` locks the row, calls the
 transition, saves and records the event in one transaction.
+
+The machine's final states are ``FINISHED``; ``WAYS_FORWARD`` says what moves each other
+state (docs/state-machines.md), and ``job.stranded`` is the monitor's check that no job
+is left without it.
 """
 
 from __future__ import annotations
@@ -33,6 +37,22 @@ class JobStatus(models.TextChoices):
 
 
 FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED)
+
+# What moves a job in each state that is not final. Nothing else may leave a job there.
+WAYS_FORWARD = {
+    JobStatus.PENDING: (
+        "the automation's worker takes it (the JobCreated message on its own queue, or its "
+        "poll); the monitor powers its machine on again while it waits "
+        "(MONITOR_PENDING_SECONDS) and restarts a silent worker; a deactivation of its "
+        "automation or tenant cancels it (the job.cancel_deactivated task, and the "
+        "monitor's check of stranded jobs as the net)"
+    ),
+    JobStatus.RUNNING: (
+        "its worker's report; its lease (JOB_LEASE_SECONDS, extended by heartbeats; the "
+        "jobs_running_has_claim_check constraint keeps every running job with one): once "
+        "expired, the monitor fails it worker_lost, or requeues it when max_attempts allows"
+    ),
+}
 
 
 class FailureReason(models.TextChoices):
@@ -315,15 +335,25 @@ class Job(models.Model):
             "JobFailed", attempt=self.attempt, failure_reason=reason, exit_code=exit_code
         )
 
-    def request_cancel(self, *, now: datetime) -> JobEvent | None:
+    def request_cancel(self, *, now: datetime, reason: str = "") -> JobEvent | None:
         """A pending job is canceled at once; a running one is marked, and its worker
-        learns it at its next heartbeat. Asking again changes nothing."""
+        learns it at its next heartbeat. Asking again changes nothing.
+
+        ``reason`` is the hub's own, when it cancels (its automation or tenant was
+        deactivated): a job canceled at once keeps it in ``error``, and its event says it.
+        """
         if self.status == JobStatus.PENDING:
             self.status = JobStatus.CANCELED
             self.cancel_requested_at = now
             self.failure_reason = FailureReason.CANCELED
             self.finished_at = now
-            return self._event("JobCanceled", attempt=self.attempt, was=JobStatus.PENDING.value)
+            self.error = reason
+            return self._event(
+                "JobCanceled",
+                attempt=self.attempt,
+                was=JobStatus.PENDING.value,
+                **({"reason": reason} if reason else {}),
+            )
         if self.status == JobStatus.RUNNING:
             if self.cancel_requested_at is None:
                 self.cancel_requested_at = now

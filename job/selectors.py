@@ -71,6 +71,52 @@ def automations_with_jobs_pending_before(cutoff: datetime) -> list[int]:
     )
 
 
+def jobs_pending_of(
+    *, automation_ids: list[int], tenant_ids: list[int], pending_before: datetime, limit: int
+) -> list[int]:
+    """Jobs pending since before ``pending_before`` of any of these automations or tenants,
+    oldest first, by id (at most ``limit``).
+
+    One query per list, each on its own index (``jobs_pending_poll_idx`` for automations,
+    ``jobs_tenant_status_recent_idx`` for tenants); ``created_at`` is implied by
+    ``updated_at`` (see above) and there for the index.
+    """
+    found: set[int] = set()
+    for column, ids in (("automation_id", automation_ids), ("tenant_id", tenant_ids)):
+        if not ids:
+            continue
+        found.update(
+            Job.objects.filter(
+                status=JobStatus.PENDING,
+                created_at__lt=pending_before,
+                updated_at__lt=pending_before,
+                **{f"{column}__in": ids},
+            )
+            .order_by("id")
+            .values_list("id", flat=True)[:limit]
+        )
+    return sorted(found)[:limit]
+
+
+def job_ids_unfinished_of(
+    *, automation_id: int | None = None, tenant_id: int | None = None, after: int, limit: int
+) -> list[int]:
+    """Pending and running jobs of one automation or one tenant with an id above ``after``,
+    in id order (at most ``limit``): a walk through them, one page at a time. One query per
+    status, so that each reads its own index."""
+    scope = (
+        {"automation_id": automation_id} if automation_id is not None else {"tenant_id": tenant_id}
+    )
+    found: list[int] = []
+    for status in (JobStatus.PENDING, JobStatus.RUNNING):
+        found += (
+            Job.objects.filter(status=status, pk__gt=after, **scope)
+            .order_by("id")
+            .values_list("id", flat=True)[:limit]
+        )
+    return sorted(found)[:limit]
+
+
 def jobs_with_expired_lease(*, now: datetime, limit: int = 1000) -> list[int]:
     """Running jobs whose lease expired by ``now``, oldest expiry first, by id.
 

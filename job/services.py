@@ -23,9 +23,14 @@ from automation.selectors import automation_get, automations_with_silent_workers
 from automation.services import worker_seen
 from automation.validation import UnusableSchema, params_errors
 from common.errors import Conflict, InvalidInput, NotFound
+from identity.selectors import tenant_is_active
 from job.metrics import RETRIED, count_claim_refusal, count_transition_on_commit
 from job.models import Job, JobEvent, JobStatus, MonitorCycle
-from job.selectors import automations_with_jobs_pending_before, running_count
+from job.selectors import (
+    automations_with_jobs_pending_before,
+    job_ids_unfinished_of,
+    running_count,
+)
 from outbox.services import dispatch, publish
 
 logger = logging.getLogger("hubdommed.job")
@@ -328,6 +333,78 @@ def job_fail(
         _save(job, was=was)
         _record(job, event, actor=worker)
     return job
+
+
+# --- deactivations ------------------------------------------------------------------------
+
+# Why the hub canceled a job (kept in its ``error``, and in its JobCanceled event).
+DEACTIVATED_AUTOMATION = "Its automation was deactivated."
+DEACTIVATED_TENANT = "Its tenant was deactivated."
+# Jobs listed at a time by jobs_cancel_deactivated (each is then its own transaction).
+DEACTIVATION_PAGE = 200
+
+
+def jobs_cancel_deactivated(
+    *, automation_id: int | None = None, tenant_id: int | None = None
+) -> int:
+    """End what is left of the jobs of a deactivated automation or tenant (the
+    ``job.cancel_deactivated`` task, subscribed to AutomationDeactivated and
+    TenantDeactivated). Returns how many jobs it changed.
+
+    Nothing would ever end them otherwise: a deactivated automation's worker is refused,
+    and the monitor powers on no inactive automation's machine. Each job is its own short
+    transaction, the jobs walked once in id order; one created meanwhile (its insert raced
+    with the deactivation) is left to the monitor's check of stranded jobs
+    (``job.stranded``).
+    """
+    if (automation_id is None) == (tenant_id is None):
+        raise ValueError("give an automation_id or a tenant_id")
+    changed, after = 0, 0
+    while True:
+        page = job_ids_unfinished_of(
+            automation_id=automation_id, tenant_id=tenant_id, after=after, limit=DEACTIVATION_PAGE
+        )
+        for job_id in page:
+            changed += job_cancel_deactivated(job_id=job_id) is not None
+        if len(page) < DEACTIVATION_PAGE:
+            return changed
+        after = page[-1]
+
+
+def job_cancel_deactivated(*, job_id: int, skip_locked: bool = False) -> Job | None:
+    """Cancel one job whose automation or tenant was deactivated, as a person's cancel
+    would: a pending job at once (``error`` says why; JobCanceled recorded by the system),
+    a running one asked to stop (its worker learns it at its next heartbeat; one that can
+    no longer report is ended canceled by its lease). Returns the job, or None when there
+    was nothing to do (finished, asked already, still active; or, with ``skip_locked``,
+    held by someone else right now)."""
+    with transaction.atomic():
+        job = (
+            Job.objects.select_for_update(of=("self",), skip_locked=skip_locked)
+            .filter(pk=job_id, status__in=(JobStatus.PENDING, JobStatus.RUNNING))
+            .first()
+        )
+        if job is None or (job.status == JobStatus.RUNNING and job.cancel_requested):
+            return None
+        reason = _deactivation_reason(job)
+        if reason is None:
+            return None
+        was = job.status
+        event = job.request_cancel(now=timezone.now(), reason=reason)
+        _save(job, was=was)
+        if event is not None:
+            _record(job, event, actor="system")
+    logger.info("job %s (%s): cancel for deactivation: %s", job_id, was, reason)
+    return job
+
+
+def _deactivation_reason(job: Job) -> str | None:
+    automation = automation_get(job.automation_id)
+    if automation is None or not automation.is_active:
+        return DEACTIVATED_AUTOMATION
+    if not tenant_is_active(job.tenant_id):
+        return DEACTIVATED_TENANT
+    return None
 
 
 # --- the stuck-job monitor ----------------------------------------------------------------
