@@ -171,6 +171,10 @@ RELAY_BATCH_SIZE = env.int("RELAY_BATCH_SIZE", default=500, minimum=1)
 # time up to the cap, so one poison row never keeps the relay busy.
 RELAY_RETRY_BACKOFF = env.float("RELAY_RETRY_BACKOFF", default=1.0, minimum=0)
 RELAY_RETRY_BACKOFF_MAX = env.float("RELAY_RETRY_BACKOFF_MAX", default=300.0, minimum=1)
+# The longest delay a message may be dispatched with (7 days): dispatch refuses a longer
+# one, and the monitor brings forward an unsent row due later than this (a clock gone
+# wrong, a row written by hand), which nothing else would send for that long.
+OUTBOX_MAX_DELAY_SECONDS = env.int("OUTBOX_MAX_DELAY_SECONDS", default=7 * 24 * 3600, minimum=60)
 
 # --- Background workers -------------------------------------------------------------------
 QUEUES = env.list("QUEUES", default=["critical", "default", "bulk", "maintenance"])
@@ -246,6 +250,11 @@ MONITOR_PENDING_SECONDS = env.int("MONITOR_PENDING_SECONDS", default=3 * 60, min
 MONITOR_WORKER_SILENT_SECONDS = env.int("MONITOR_WORKER_SILENT_SECONDS", default=60, minimum=1)
 # An ec2 machine not seen for this long, with no pending or running job, is stopped.
 MONITOR_EC2_IDLE_SECONDS = env.int("MONITOR_EC2_IDLE_SECONDS", default=15 * 60, minimum=1)
+# A task run whose message nothing has claimed this long after it was sent (or after its
+# lease expired, or its retry was due) is stranded: the broker lost it or dead-lettered it.
+# Its outbox row is re-armed once, or the run is failed when it had all its receives.
+# Longer than any backlog the broker's queues are expected to hold.
+MONITOR_STRANDED_RUN_SECONDS = env.int("MONITOR_STRANDED_RUN_SECONDS", default=3600, minimum=1)
 
 # --- API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -388,6 +397,12 @@ if not WEBHOOK_RETRY_DELAYS or any(delay < 0 for delay in WEBHOOK_RETRY_DELAYS):
     raise ImproperlyConfigured(
         f"WEBHOOK_RETRY_DELAYS={','.join(_retry_delays)!r} must be non-negative seconds, "
         "comma-separated"
+    )
+# The outbox takes no delay past its bound (OUTBOX_MAX_DELAY_SECONDS): a retry must fit.
+if max(WEBHOOK_RETRY_DELAYS) > OUTBOX_MAX_DELAY_SECONDS:
+    raise ImproperlyConfigured(
+        f"WEBHOOK_RETRY_DELAYS has a delay longer than OUTBOX_MAX_DELAY_SECONDS "
+        f"({OUTBOX_MAX_DELAY_SECONDS})"
     )
 # An endpoint whose every attempt failed for this long is disabled (5 days).
 WEBHOOK_DISABLE_AFTER_SECONDS = env.int(

@@ -9,7 +9,9 @@ caller sends them; ``record`` then, in the same transaction:
 - adds one to ``attempts`` of what the broker never answered (it is unreachable): the
   row is not at fault, so it stays due;
 - adds one to ``attempts`` of what the broker refused one by one, and moves its
-  ``available_at`` forward (exponential, capped by ``RELAY_RETRY_BACKOFF_MAX``).
+  ``available_at`` forward (exponential, capped by ``RELAY_RETRY_BACKOFF_MAX``); the
+  broker's reason goes to the run's ``last_error``, where an operator (and the monitor's
+  report of a row refused again and again) finds it.
 
 ``open_batch`` does the same on a connection of the caller's (``ClaimConnection``), with
 the transaction left open until ``DueBatch.commit``: the relay keeps two batches in flight
@@ -72,6 +74,18 @@ _BACK_OFF = """
      WHERE id = ANY(%s)
 """
 
+# Why the broker refused a run's message, for an operator. SKIP LOCKED: a run a worker
+# holds right now is not waited for (the note is only information, the batch's locks must
+# not wait on a worker's, which may wait on this batch's rows).
+_NOTE_REFUSAL = """
+    UPDATE task_runs AS run SET last_error = 'Refused by the broker: ' || refused.why
+      FROM unnest(%s::uuid[], %s::text[]) AS refused(run_id, why)
+     WHERE run.run_id = refused.run_id
+       AND run.run_id IN (SELECT run_id FROM task_runs
+                           WHERE run_id = ANY(%s::uuid[]) AND status IN ('queued', 'retrying')
+                           ORDER BY run_id FOR UPDATE SKIP LOCKED)
+"""
+
 
 @dataclass
 class DueBatch:
@@ -94,6 +108,16 @@ class DueBatch:
                     settings.RELAY_RETRY_BACKOFF_MAX,
                     settings.RELAY_RETRY_BACKOFF,
                     list(result.rejected),
+                ],
+            )
+            run_ids = {message.key: message.run_id for message in self.messages}
+            refused = [(run_ids[key], why) for key, why in result.rejected.items()]
+            cursor.execute(
+                _NOTE_REFUSAL,
+                [
+                    [run_id for run_id, _ in refused],
+                    [why for _, why in refused],
+                    [run_id for run_id, _ in refused],
                 ],
             )
 

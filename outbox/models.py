@@ -4,6 +4,11 @@
 (column names, types, defaults and constraint names); the migration adds what
 the ORM cannot say (``GENERATED ALWAYS`` identity). ``task_runs`` tracks each
 delivery by its ``run_id``; ``events`` is the permanent domain-event trail.
+
+Both are state machines: an outbox row is unsent until the relay marks it sent (final:
+``OUTBOX_ROW_WAY_FORWARD`` says what moves it); a run's final states are ``RUN_FINISHED``
+and ``RUN_WAYS_FORWARD`` says what moves each other one. ``outbox.stranded`` is the
+monitor's check that no row or run is left without it (docs/state-machines.md).
 """
 
 from __future__ import annotations
@@ -63,6 +68,15 @@ def _outbox_meta_constraints(table: str) -> list:
     ]
 
 
+# What moves an unsent outbox row (``sent_at`` NULL) to sent, its final state.
+OUTBOX_ROW_WAY_FORWARD = (
+    "available_at and the relay's sweep (the Redis wake only speeds it up): due rows are "
+    "claimed, sent and marked sent in one transaction; a row the broker refuses backs off "
+    "exponentially, capped by RELAY_RETRY_BACKOFF_MAX, and is tried again (never dropped: "
+    "it is the only copy of a committed change); no delay goes past OUTBOX_MAX_DELAY_SECONDS"
+)
+
+
 class OutboxMessage(BaseOutboxMessage):
     """Tenant work. ``sent_at`` NULL means pending."""
 
@@ -120,6 +134,27 @@ class TaskRunStatus(models.TextChoices):
     FAILED = "failed"
 
 
+# A failed run starts again only by an operator (the admin's Requeue, a dead letter sent
+# back): for the machine it is final.
+RUN_FINISHED = (TaskRunStatus.SUCCEEDED, TaskRunStatus.FAILED)
+# What moves a run in each state that is not final (docs/worker.md tells the details).
+RUN_WAYS_FORWARD = {
+    TaskRunStatus.QUEUED: (
+        "its message: its outbox row, due (the relay sends it) or sent (the broker delivers "
+        "it to a worker, whose claim makes the run running)"
+    ),
+    TaskRunStatus.RUNNING: (
+        "its holder's outcome; or its lease (the queue's visibility, extended by the "
+        "holder's heartbeat): once expired, the message the broker gives back (RabbitMQ at "
+        "once, SQS by visibility) claims the run again"
+    ),
+    TaskRunStatus.RETRYING: (
+        "its message coming back after the backoff: its re-armed outbox row (RabbitMQ) or "
+        "the broker's own delay (SQS visibility)"
+    ),
+}
+
+
 class TaskRun(models.Model):
     """One delivery of one task, from the outbox to its end. Keyed by the envelope's run_id."""
 
@@ -145,6 +180,11 @@ class TaskRun(models.Model):
     # extends it (see docs/worker.md).
     lease_holder = models.TextField(blank=True, db_default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # When the monitor's check of stranded runs (``outbox.stranded``) last re-armed the
+    # run's outbox row because nothing had claimed its message for too long. Found stranded
+    # again with nothing in between (``updated_at`` still this), it is not re-sent again:
+    # it is left to an operator (no worker consumes its queue, say).
+    rearmed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "task_runs"

@@ -333,27 +333,15 @@ class RunLedger:
 
     def failed(self, envelope: dict[str, Any], *, failure: FailureContext) -> None:
         """Mark the run ``failed`` and record ``TaskFailed`` in the trail."""
-        run_id = str(envelope["run_id"])
         with transaction.atomic():
-            TaskRun.objects.filter(run_id=run_id).update(
-                status=TaskRun.Status.FAILED,
-                last_error=f"{failure.error_type}: {failure.message}",
-                lease_expires_at=None,
-                finished_at=timezone.now(),
-                updated_at=timezone.now(),
-            )
-            publish(
-                "TaskFailed",
-                {
-                    "run_id": run_id,
-                    "task": envelope.get("task"),
-                    "queue": envelope.get("queue"),
-                    "error_type": failure.error_type,
-                    "error_message": failure.message,
-                    "receive_count": failure.receive_count,
-                },
+            run_failed(
+                str(envelope["run_id"]),
+                task=envelope.get("task"),
+                queue=envelope.get("queue"),
                 tenant=envelope.get("tenant"),
-                aggregate=("TaskRun", run_id),
+                error_type=failure.error_type,
+                message=failure.message,
+                receive_count=failure.receive_count,
                 actor=f"task:{envelope.get('task')}",
             )
 
@@ -363,6 +351,44 @@ class RunLedger:
         TaskRun.objects.filter(
             run_id=run_id, status=TaskRun.Status.RUNNING, lease_holder=holder
         ).update(status=TaskRun.Status.QUEUED, lease_expires_at=None, updated_at=timezone.now())
+
+
+def run_failed(
+    run_id: str,
+    *,
+    task: Any,
+    queue: Any,
+    tenant: Any,
+    error_type: str,
+    message: str,
+    receive_count: int,
+    actor: str,
+) -> None:
+    """Mark the run ``failed`` (whatever it was) and record ``TaskFailed`` in the trail, in
+    the caller's transaction: the worker's permanent failure, or the monitor's verdict on a
+    run its message will never reach again (``outbox.stranded``)."""
+    now = timezone.now()
+    TaskRun.objects.filter(run_id=run_id).update(
+        status=TaskRun.Status.FAILED,
+        last_error=f"{error_type}: {message}",
+        lease_expires_at=None,
+        finished_at=now,
+        updated_at=now,
+    )
+    publish(
+        "TaskFailed",
+        {
+            "run_id": run_id,
+            "task": task,
+            "queue": queue,
+            "error_type": error_type,
+            "error_message": message,
+            "receive_count": receive_count,
+        },
+        tenant=tenant,
+        aggregate=("TaskRun", run_id),
+        actor=actor,
+    )
 
 
 def rearm_outbox_row(envelope: dict[str, Any], *, delay: float, keep_earlier: bool = False) -> None:

@@ -348,6 +348,12 @@ def _available_at(delay: timedelta | float | None) -> models.Expression:
         delay = timedelta(seconds=delay)
     if delay < timedelta(0):
         raise OutboxError("delay cannot be negative")
+    if delay > timedelta(seconds=settings.OUTBOX_MAX_DELAY_SECONDS):
+        # A row due later than this is taken by the monitor for a clock gone wrong.
+        raise OutboxError(
+            f"delay of {delay} is longer than OUTBOX_MAX_DELAY_SECONDS "
+            f"({settings.OUTBOX_MAX_DELAY_SECONDS} s)"
+        )
     return now + models.Value(delay, output_field=models.DurationField())
 
 

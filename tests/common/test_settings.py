@@ -43,6 +43,12 @@ def test_a_bad_value_names_the_variable(variable, value):
     assert variable in result.stderr
 
 
+def test_a_webhook_retry_longer_than_the_outbox_takes_is_refused_at_start_up():
+    result = start({"OUTBOX_MAX_DELAY_SECONDS": "3600", "WEBHOOK_RETRY_DELAYS": "5,7200"})
+    assert result.returncode != 0
+    assert "WEBHOOK_RETRY_DELAYS" in result.stderr and "OUTBOX_MAX_DELAY_SECONDS" in result.stderr
+
+
 def test_production_refuses_to_start_without_a_secret_key():
     result = start({"DEBUG": "false"}, unset=("SECRET_KEY",))
     assert result.returncode != 0

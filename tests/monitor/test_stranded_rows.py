@@ -14,7 +14,7 @@ from django.db import OperationalError
 from prometheus_client import REGISTRY
 
 from common import ways_forward
-from common.ways_forward import Repaired, register_stranded_check
+from common.ways_forward import Repaired, register_stranded_check, stranded_checks
 from tests.observability.conftest import sample
 
 pytestmark = pytest.mark.django_db
@@ -89,6 +89,12 @@ def test_every_machine_has_its_series_from_the_first_cycle_even_with_nothing_fou
 
     assert total("test_quiet") is not None  # present, so that a rate() over it is 0
     assert unrepaired("test_quiet") == 0
+
+
+def test_the_apps_register_a_check_for_each_of_their_state_machines():
+    assert {"jobs", "task_runs", "outbox_messages", "platform_outbox_messages"} <= set(
+        stranded_checks()
+    )
 
 
 def test_a_row_a_check_cannot_move_is_logged_once_while_it_stays_stranded_and_shown_in_a_gauge(
