@@ -13,7 +13,10 @@ this class shows on an operator's dashboard instead of in a tenant's missing eve
 A check is one short transaction (or a few), takes the rows it repairs with SKIP LOCKED, and
 leaves alone a row that is merely young (a delivery committed a moment ago whose run the
 relay has not sent yet is on its way, not stranded): each check waits a margin of its own
-before calling a row stranded.
+before calling a row stranded. It reads a bounded number of rows per cycle (through a
+partial index, with a LIMIT): one cycle does bounded work whatever the tables hold, and
+what is left is found by the next. A row it cannot move itself is reported with
+``repaired=False`` (see ``Repaired``). The machines' tables: docs/state-machines.md.
 """
 
 from __future__ import annotations

@@ -371,17 +371,20 @@ def jobs_cancel_deactivated(
         after = page[-1]
 
 
-def job_cancel_deactivated(*, job_id: int, skip_locked: bool = False) -> Job | None:
+def job_cancel_deactivated(
+    *, job_id: int, skip_locked: bool = False, pending_only: bool = False
+) -> Job | None:
     """Cancel one job whose automation or tenant was deactivated, as a person's cancel
     would: a pending job at once (``error`` says why; JobCanceled recorded by the system),
-    a running one asked to stop (its worker learns it at its next heartbeat; one that can
-    no longer report is ended canceled by its lease). Returns the job, or None when there
-    was nothing to do (finished, asked already, still active; or, with ``skip_locked``,
-    held by someone else right now)."""
+    a running one (unless ``pending_only``) asked to stop (its worker learns it at its next
+    heartbeat; one that can no longer report is ended canceled by its lease). Returns the
+    job, or None when there was nothing to do (finished, asked already, still active; or,
+    with ``skip_locked``, held by someone else right now)."""
+    statuses = (JobStatus.PENDING,) if pending_only else (JobStatus.PENDING, JobStatus.RUNNING)
     with transaction.atomic():
         job = (
             Job.objects.select_for_update(of=("self",), skip_locked=skip_locked)
-            .filter(pk=job_id, status__in=(JobStatus.PENDING, JobStatus.RUNNING))
+            .filter(pk=job_id, status__in=statuses)
             .first()
         )
         if job is None or (job.status == JobStatus.RUNNING and job.cancel_requested):

@@ -41,7 +41,7 @@ def jobs_stranded() -> list[Repaired]:
     repaired = []
     for job_id in found:
         # SKIP LOCKED: a job someone holds right now is being moved already.
-        job = job_cancel_deactivated(job_id=job_id, skip_locked=True)
+        job = job_cancel_deactivated(job_id=job_id, skip_locked=True, pending_only=True)
         if job is not None:
             repaired.append(
                 Repaired(

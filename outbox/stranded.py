@@ -42,7 +42,6 @@ moved already) and checks again, under the lock, that it is still stranded.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -63,8 +62,6 @@ from outbox.models import (
 )
 from outbox.runs import run_failed
 from outbox.wake import signal_relay_on_commit
-
-logger = logging.getLogger("hubdommed.outbox")
 
 # --- task runs -----------------------------------------------------------------------------
 
@@ -227,13 +224,14 @@ def _settle(run: TaskRun, row) -> Repaired:
             "failed (TaskFailed recorded): nothing can send its message again",
         )
     if run.receive_count >= max_receives:
-        dead_letters = dead_letter_queue_name(row.envelope.get("destination") or run.queue)
+        destination = row.envelope.get("destination") or run.queue
+        dead_letters = dead_letter_queue_name(destination)
         _fail(
             run,
             f"received {run.receive_count} times (its task allows {max_receives}) without an "
             f"outcome, and its message has not come back since {since.isoformat()}: the "
             f"broker has most likely dead-lettered it ({dead_letters}; `manage.py "
-            f"dead_letters --queue {run.queue} --requeue {run.run_id}` sends it back), or "
+            f"dead_letters --queue {destination} --requeue {run.run_id}` sends it back), or "
             "lost it (the admin's Requeue sends it again from its outbox row)",
         )
         return Repaired(
