@@ -21,16 +21,26 @@ from broker.sqs.publisher import sqs_client
 
 def lose_messages(destination: str = "default") -> None:
     """The broker loses every message its queue holds (purged, a node lost)."""
+    _on_queue(destination, rabbitmq="queue_purge", sqs="purge_queue")
+
+
+def delete_queue(destination: str = "default") -> None:
+    """The queue is gone from the broker (deleted by hand, a new cluster without it)."""
+    _on_queue(destination, rabbitmq="queue_delete", sqs="delete_queue")
+
+
+def _on_queue(destination: str, *, rabbitmq: str, sqs: str) -> None:
+    """Call a channel method (RabbitMQ) or a client method (SQS) on the queue."""
+    name = topology.queue_name(destination)
     if settings.BROKER == "rabbitmq":
         conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
         try:
-            conn.channel().queue_purge(topology.queue_name(destination))
+            getattr(conn.channel(), rabbitmq)(name)
         finally:
             conn.close()
     else:
         client = sqs_client()
-        url = client.get_queue_url(QueueName=topology.queue_name(destination))["QueueUrl"]
-        client.purge_queue(QueueUrl=url)
+        getattr(client, sqs)(QueueUrl=client.get_queue_url(QueueName=name)["QueueUrl"])
 
 
 def deliver_until_dead_lettered(

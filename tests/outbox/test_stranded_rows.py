@@ -11,16 +11,12 @@ import logging
 from datetime import timedelta
 from io import StringIO
 
-import pika
 import pytest
-from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.db import transaction
 from django.utils import timezone
 from prometheus_client import REGISTRY
 
-from broker import topology
-from broker.sqs.publisher import sqs_client
 from common.ways_forward import stranded_checks
 from outbox.models import PlatformOutboxMessage, TaskRun
 from outbox.services import OutboxError, dispatch
@@ -28,6 +24,7 @@ from outbox.stranded import REFUSALS_REPORTED
 from relay.engine import OutboxRelay
 from tests.monitor.conftest import monitor  # noqa: F401 (fixture)
 from tests.observability.conftest import sample
+from tests.outbox.support import delete_queue
 from tests.worker.conftest import (  # noqa: F401 (fixtures)
     broker,
     dispatch_work,
@@ -55,20 +52,6 @@ def relay(broker):
     engine.transport.setup_topology()
     yield engine
     engine.close()
-
-
-def delete_queue(destination: str = "default") -> None:
-    """The queue is gone from the broker (deleted by hand, a new cluster without it)."""
-    if django_settings.BROKER == "rabbitmq":
-        conn = pika.BlockingConnection(pika.URLParameters(django_settings.RABBITMQ_URL))
-        try:
-            conn.channel().queue_delete(topology.queue_name(destination))
-        finally:
-            conn.close()
-    else:
-        client = sqs_client()
-        url = client.get_queue_url(QueueName=topology.queue_name(destination))["QueueUrl"]
-        client.delete_queue(QueueUrl=url)
 
 
 def refused_again_and_again(relay, run_id: str, times: int) -> None:
