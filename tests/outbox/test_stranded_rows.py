@@ -41,6 +41,10 @@ def check() -> list:
     return stranded_checks()[TABLE]()
 
 
+def unrepaired() -> float | None:
+    return REGISTRY.get_sample_value("hubdommed_stranded_rows_unrepaired", {"machine": TABLE})
+
+
 def row_of(run_id: str) -> PlatformOutboxMessage:
     return PlatformOutboxMessage.objects.get(run_id=run_id)
 
@@ -111,9 +115,7 @@ def test_a_row_the_broker_keeps_refusing_is_reported_once_and_sent_once_the_brok
     for _ in range(3):
         counts = monitor.run_cycle()
         assert counts.stranded.unrepaired[TABLE] == 1
-    assert REGISTRY.get_sample_value("hubdommed_stranded_rows_unrepaired", {"machine": TABLE}) == (
-        1
-    )
+    assert unrepaired() == 1
     logged = [r for r in caplog.records if r.getMessage().startswith(f"stranded {TABLE}")]
     assert len(logged) == 1 and str(run_id) in logged[0].row
     row = row_of(run_id)
@@ -125,9 +127,7 @@ def test_a_row_the_broker_keeps_refusing_is_reported_once_and_sent_once_the_brok
     relay.relay_one_batch()
     assert row_of(run_id).sent_at is not None
     monitor.run_cycle()
-    assert REGISTRY.get_sample_value("hubdommed_stranded_rows_unrepaired", {"machine": TABLE}) == (
-        0
-    )
+    assert unrepaired() == 0
 
 
 def test_rows_on_their_way_are_not_reported(relay, settings):
