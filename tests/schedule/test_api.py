@@ -191,7 +191,7 @@ def test_pause_and_resume(manager_api, tenant, automation):
 def test_a_schedule_paused_for_its_params_shows_why_and_resumes_once_they_are_fixed(
     manager_api, member_api, tenant, automation
 ):
-    from schedule.services import schedules_fire_due
+    from schedule.firing import schedules_fire_due
 
     with time_machine.travel(utc(2026, 6, 1, 5), tick=False):
         schedule = new_schedule(tenant=tenant, automation=automation)
@@ -257,7 +257,7 @@ def test_a_member_of_an_inactive_tenant_is_refused(tenant, automation):
 def test_a_scheduled_job_reads_as_triggered_by_its_schedule_and_due_time(
     member_api, member, tenant, automation
 ):
-    from schedule.services import schedules_fire_due
+    from schedule.firing import schedules_fire_due
     from tests.factories import JobFactory
 
     with time_machine.travel(utc(2026, 6, 1, 5), tick=False):

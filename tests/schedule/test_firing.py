@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 
+import psycopg
 import pytest
 import time_machine
 from django.db import connection
@@ -12,8 +14,9 @@ from django.db import connection
 from automation.models import Automation
 from identity.models import Tenant
 from job.models import Job
+from schedule.firing import schedules_fire_due
 from schedule.models import Schedule, ScheduleRun
-from schedule.services import schedule_pause, schedule_resume, schedules_fire_due
+from schedule.services import schedule_pause, schedule_resume
 from tests.factories import AutomationFactory, TenantFactory
 from tests.schedule.support import due_times_of, jobs_of, new_schedule, utc
 
@@ -200,13 +203,134 @@ def test_skip_still_starts_a_run_that_is_late_within_the_grace(tenant, automatio
     assert due_times_of(schedule) == [utc(2026, 6, 1, 10, 0)]
 
 
-def test_a_long_outage_of_an_every_minute_schedule_starts_one_run(tenant, automation):
+def test_a_long_outage_of_an_every_minute_schedule_starts_the_minutes_within_the_grace(
+    tenant, automation, settings
+):
+    settings.SCHEDULE_MISFIRE_GRACE_SECONDS = 300
     with time_machine.travel(utc(2026, 6, 1, 9, 30, 30), tick=False):
         schedule = new_schedule(tenant=tenant, automation=automation, cron="* * * * *")
 
     schedules_fire_due(now=utc(2026, 6, 9, 9, 30, 30))
 
-    assert due_times_of(schedule) == [utc(2026, 6, 9, 9, 30)]
+    # Less than 300 s late: 09:26 to 09:30. The week before is missed; run_once's late run
+    # is the 09:26 that starts anyway.
+    assert due_times_of(schedule) == [utc(2026, 6, 9, 9, minute) for minute in range(26, 31)]
+
+
+def test_schedulers_away_for_150_seconds_start_each_minute_they_missed(
+    tenant, automation, settings
+):
+    settings.SCHEDULE_MISFIRE_GRACE_SECONDS = 300
+    with time_machine.travel(utc(2026, 6, 1, 9, 0, 30), tick=False):
+        schedule = new_schedule(tenant=tenant, automation=automation, cron="* * * * *")
+    schedules_fire_due(now=utc(2026, 6, 1, 9, 1, 3))
+
+    # Away from 09:01:03 to 09:03:33: 09:02 and 09:03 are due, both within the grace.
+    firing = schedules_fire_due(now=utc(2026, 6, 1, 9, 3, 33))
+
+    assert len(firing.started) == 2
+    assert due_times_of(schedule) == [utc(2026, 6, 1, 9, minute) for minute in (1, 2, 3)]
+    schedule.refresh_from_db()
+    assert schedule.next_run_at == utc(2026, 6, 1, 9, 4)
+    assert schedule.last_run_at == utc(2026, 6, 1, 9, 3)
+
+
+def test_skip_starts_the_runs_within_the_grace_and_none_before(tenant, automation, settings):
+    settings.SCHEDULE_MISFIRE_GRACE_SECONDS = 300
+    with time_machine.travel(utc(2026, 6, 1, 9, 0, 30), tick=False):
+        schedule = new_schedule(
+            tenant=tenant, automation=automation, cron="*/2 * * * *", misfire="skip"
+        )
+
+    schedules_fire_due(now=utc(2026, 6, 1, 9, 20, 0))
+
+    assert due_times_of(schedule) == [utc(2026, 6, 1, 9, minute) for minute in (16, 18, 20)]
+
+
+# --- calendars that are slow, stuck or empty --------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_chatham_across_its_repeated_hour_fires_and_moves_on(tenant, automation):
+    # Pacific/Chatham: 03:45 +13:45 becomes 02:45 +12:45 on 2027-04-04 (13:45:30Z is 03:30:30).
+    with time_machine.travel(utc(2027, 4, 3, 13, 40), tick=False):
+        schedule = new_schedule(
+            tenant=tenant,
+            automation=automation,
+            cron="*/15 3 * * *",
+            timezone_name="Pacific/Chatham",
+        )
+    assert schedule.next_run_at == utc(2027, 4, 3, 13, 45)
+
+    schedules_fire_due(now=utc(2027, 4, 3, 13, 45, 30))
+
+    assert due_times_of(schedule) == [utc(2027, 4, 3, 13, 45)]
+    schedule.refresh_from_db()
+    assert schedule.next_run_at == utc(2027, 4, 3, 14, 15)  # 03:00 +12:45
+
+
+def test_a_calendar_left_without_a_due_time_pauses_its_schedule_with_the_reason(tenant, automation):
+    schedule = _hourly(tenant, automation)
+    # Hour 2 of the second Sunday of March never exists in New York: no due time, ever.
+    Schedule.objects.filter(pk=schedule.pk).update(
+        cron="*/15 2 8-14 3 */7", timezone="America/New_York"
+    )
+
+    firing = schedules_fire_due(now=utc(2026, 6, 1, 10, 0, 5))
+
+    assert firing.stopped == [schedule.pk] and jobs_of(schedule) == []
+    schedule.refresh_from_db()
+    assert schedule.status == "paused" and schedule.next_run_at is None
+    assert "no due time within 50 years" in schedule.paused_reason
+
+
+class _LockProbe(logging.Handler):
+    """While the firing computes a schedule's due times, try to lock the due rows from
+    another connection, without waiting: a firing that computes under its locks fails it."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.ids = ids
+        self.outcomes: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "computing its due times" not in record.getMessage():
+            return
+        with psycopg.connect(**_connection_parameters(), autocommit=False) as probe:
+            try:
+                probe.execute(
+                    "SELECT id FROM schedules WHERE id = ANY(%s) FOR UPDATE NOWAIT", [self.ids]
+                )
+                self.outcomes.append("locked")
+            except psycopg.errors.LockNotAvailable:
+                self.outcomes.append("held by the firing")
+            probe.rollback()
+
+
+def _connection_parameters() -> dict[str, object]:
+    params = connection.get_connection_params()
+    return {key: params[key] for key in ("dbname", "host", "port", "user") if key in params}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_firing_holds_no_lock_while_it_computes_due_times(tenant, automation):
+    with time_machine.travel(utc(2026, 6, 1, 5, 30), tick=False):
+        schedules = [
+            new_schedule(tenant=tenant, automation=automation, name=f"s{n}") for n in range(3)
+        ]
+    probe = _LockProbe([schedule.pk for schedule in schedules])
+    log = logging.getLogger("hubdommed.schedule")
+    level = log.level
+    log.addHandler(probe)
+    log.setLevel(logging.DEBUG)
+    try:
+        firing = schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 3))
+    finally:
+        log.removeHandler(probe)
+        log.setLevel(level)
+
+    assert probe.outcomes == ["locked"] * 3
+    assert len(firing.started) == 3
 
 
 # --- automation, tenant and params --------------------------------------------------------
