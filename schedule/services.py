@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.db import connection, transaction
 from django.utils import timezone
 
 from automation.selectors import automation_get
@@ -29,6 +30,8 @@ NAME_MAX_LENGTH = 200
 # The fields a person may change (the automation is fixed: another one is another schedule).
 UPDATABLE = ("name", "cron", "timezone", "params", "misfire")
 PAUSED_BY_PERSON = "Paused by a manager."
+# Advisory-lock namespace of a tenant's schedule creations (pg_advisory_xact_lock(int, int)).
+CREATE_LOCK_NAMESPACE = 0x736368  # "sch"
 
 
 # --- people -----------------------------------------------------------------------------
@@ -46,7 +49,8 @@ def schedule_create(
     misfire: str = Misfire.RUN_ONCE,
 ) -> Schedule:
     """A running schedule of ``tenant`` on an active automation; its first run is the
-    first due time after now."""
+    first due time after now. A tenant has at most ``SCHEDULE_MAX_PER_TENANT`` schedules
+    that are not deactivated."""
     params = {} if params is None else params
     check_fields({"name": name, "cron": cron, "timezone": timezone_name, "misfire": misfire})
     automation = automation_get(automation_id)
@@ -64,6 +68,7 @@ def schedule_create(
     expression = calendar.normalized(cron)
     first_run = first_due_after(expression, timezone_name, now)
     with transaction.atomic():
+        _hold_within_limit(tenant)
         schedule = Schedule(
             tenant=tenant,
             automation_id=automation.id,
@@ -81,6 +86,23 @@ def schedule_create(
         schedule.save(force_insert=True)
     logger.info("schedule %s created for automation %s", schedule.pk, automation.id)
     return schedule
+
+
+def _hold_within_limit(tenant: Any) -> None:
+    """Serialize the tenant's creations until the transaction ends, and refuse one past
+    the limit. The lock makes the count and the insert one step: two creations at once
+    cannot both take the last place."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(%s, %s)", [CREATE_LOCK_NAMESPACE, tenant.pk % 2**31]
+        )
+    limit = settings.SCHEDULE_MAX_PER_TENANT
+    if Schedule.objects.filter(tenant=tenant, is_active=True).count() >= limit:
+        raise Conflict(
+            f"The tenant has {limit} schedules, its limit: deactivate one first.",
+            code="schedule_limit_reached",
+            details={"limit": limit},
+        )
 
 
 def schedule_update(*, tenant: Any, schedule_id: int, data: Mapping[str, Any]) -> Schedule:
