@@ -18,6 +18,10 @@ What starts, for a schedule whose ``next_run_at`` has come:
   latest one, late, when no due time within the grace starts in the same pass (that run
   stands for the ones missed before it); ``skip`` starts none of them.
 
+A schedule whose firing fails for a reason no rule above covers (a bug, a database that
+refuses its job) is rolled back alone and moves on to its next due time, logged and
+counted (``hubdommed_scheduler_errors_total{cause="bug"}``): it never stops its batch.
+
 SKIP LOCKED keeps two firings from taking the same schedule at once; the unique key on
 (schedule, due time) keeps a due time from starting a second job whatever else happens (a
 clock that went back, a schedule moved back by hand).
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -56,6 +60,8 @@ class Firing:
     more: bool = False
     # Plans applied (the others were held by another firing, or stale).
     applied: int = 0
+    # Schedules whose firing failed (a bug): moved on to their next due time.
+    failed: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -150,9 +156,30 @@ def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
             plan = by_id[schedule.pk]
             if schedule.calendar_key() != plan.key:
                 continue  # changed since it was planned: the next cycle plans it again
-            _apply(schedule, plan, now=now, firing=firing)
+            started, stopped = len(firing.started), len(firing.stopped)
+            try:
+                with transaction.atomic():
+                    _apply(schedule, plan, now=now, firing=firing)
+            except (OperationalError, InterfaceError):
+                raise  # the database went away: the whole cycle is retried
+            except Exception:
+                # A bad row must not stop the batch, nor every later cycle (it would be
+                # first in line again): it moves on to its next due time without the runs
+                # that failed, logged and counted, and the others carry on. Not paused: a
+                # defect of every row (a bad deploy) then heals once fixed.
+                logger.exception("schedule %s: its firing failed; moved on", schedule.pk)
+                del firing.started[started:], firing.stopped[stopped:]  # rolled back
+                _move_on(schedule, plan, now=now)
+                firing.failed.append(schedule.pk)
             firing.applied += 1
     return firing
+
+
+def _move_on(schedule: Schedule, plan: Plan, *, now: datetime) -> None:
+    schedule.refresh_from_db()  # what the savepoint's rollback left; the lock is still held
+    schedule.reschedule(next_run_at=plan.next_run_at)
+    schedule.updated_at = now
+    schedule.save(update_fields=["next_run_at", "updated_at"])
 
 
 def _apply(schedule: Schedule, plan: Plan, *, now: datetime, firing: Firing) -> None:

@@ -415,3 +415,34 @@ def test_a_calendar_that_cannot_be_read_pauses_its_schedule_and_the_others_still
     broken.refresh_from_db()
     assert broken.status == "paused" and broken.next_run_at is None
     assert broken.paused_reason.startswith("Its calendar cannot be read")
+
+
+def test_a_schedule_whose_firing_fails_moves_on_and_its_batch_goes_on(tenant, automation):
+    other = AutomationFactory()
+    with time_machine.travel(utc(2026, 6, 1, 5, 30), tick=False):
+        failing = new_schedule(tenant=tenant, automation=automation, name="failing")
+        healthy = new_schedule(tenant=tenant, automation=other, name="healthy")
+    # The database itself refuses this automation's jobs (a trigger of this test's own).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE FUNCTION refuse_test_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.automation_id = %s THEN RAISE EXCEPTION 'jobs refused by the test'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_test_jobs BEFORE INSERT ON jobs
+                FOR EACH ROW EXECUTE FUNCTION refuse_test_jobs();
+            """,
+            [automation.pk],
+        )
+
+    firing = schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 3))
+
+    assert jobs_of(failing) == [] and len(jobs_of(healthy)) == 1
+    assert firing.started == [jobs_of(healthy)[0].pk] and firing.failed == [failing.pk]
+    assert not ScheduleRun.objects.filter(schedule=failing).exists()
+    failing.refresh_from_db()
+    # Still active: the next due time is awaited, and a fixed database runs it.
+    assert failing.status == "active" and failing.next_run_at == utc(2026, 6, 2, 6)
+    assert schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 8)).failed == []

@@ -59,6 +59,8 @@ class Command(BaseCommand):
         self.started += len(firing.started)
         SCHEDULER_RUNS.labels(outcome="started").inc(len(firing.started))
         SCHEDULER_RUNS.labels(outcome="stopped").inc(len(firing.stopped))
+        if firing.failed:
+            SCHEDULER_ERRORS.labels(cause="bug").inc(len(firing.failed))
         if firing.started or firing.stopped:
             logger.info(
                 "scheduler: %d jobs started, %d schedules stopped",
