@@ -58,8 +58,8 @@ class Firing:
     stopped: list[int] = field(default_factory=list)
     # Whether the batch was full and moved: more schedules may be due right away.
     more: bool = False
-    # Plans applied (the others were held by another firing, or stale).
-    applied: int = 0
+    # Schedules whose plan was applied (the others were held by another firing, or stale).
+    applied: list[int] = field(default_factory=list)
     # Schedules whose firing failed (a bug): moved on to their next due time.
     failed: list[int] = field(default_factory=list)
 
@@ -90,7 +90,7 @@ def schedules_fire_due(*, now: datetime | None = None, batch_size: int = 100) ->
     plans = schedules_plan_due(now=now, batch_size=batch_size)
     firing = schedules_fire_planned(plans, now=now)
     # A full batch of which another firing took every row is left to it: no spinning.
-    firing.more = len(plans) == batch_size and firing.applied > 0
+    firing.more = len(plans) == batch_size and bool(firing.applied)
     return firing
 
 
@@ -171,7 +171,7 @@ def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
                 del firing.started[started:], firing.stopped[stopped:]  # rolled back
                 _move_on(schedule, plan, now=now)
                 firing.failed.append(schedule.pk)
-            firing.applied += 1
+            firing.applied.append(schedule.pk)
     return firing
 
 
