@@ -65,7 +65,11 @@ class ScheduleSerializer(serializers.ModelSerializer):
         read_only=True, allow_null=True, help_text="The due time of the latest run started."
     )
     paused_reason = serializers.CharField(
-        read_only=True, help_text="Why it is paused (a manager, or params the schema refuses)."
+        read_only=True,
+        help_text=(
+            "Why it is paused (a manager, params the schema refuses, or a calendar that has "
+            "no due time left)."
+        ),
     )
 
     class Meta:
