@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import psycopg
 import pytest
 import time_machine
-from django.db import connection
 
 from common.ways_forward import stranded_checks
 from schedule.firing import schedules_fire_due
@@ -15,7 +13,7 @@ from schedule.models import Schedule
 from schedule.services import schedule_pause
 from schedule.stranded import overdue_after, schedules_stranded
 from tests.factories import AutomationFactory
-from tests.schedule.support import due_times_of, new_schedule, utc
+from tests.schedule.support import due_times_of, new_schedule, other_connection, utc
 
 pytestmark = pytest.mark.django_db
 
@@ -111,10 +109,7 @@ def test_when_no_scheduler_runs_late_schedules_are_left_to_it(tenant, automation
 def test_a_row_another_transaction_holds_is_left_alone(tenant, automation):
     schedule = new_schedule(tenant=tenant, automation=automation)
     Schedule.objects.filter(pk=schedule.pk).update(next_run_at=None)
-    params = connection.get_connection_params()
-    options = {key: params[key] for key in ("dbname", "host", "port", "user") if key in params}
-
-    with psycopg.connect(**options) as holder:
+    with other_connection() as holder:
         holder.execute("SELECT id FROM schedules WHERE id = %s FOR UPDATE", [schedule.pk])
         held = schedules_stranded()
     released = schedules_stranded()
