@@ -134,9 +134,10 @@ def zone_of(name: str) -> zoneinfo.ZoneInfo:
 
 # --- expressions ----------------------------------------------------------------------------
 
-_MONTHS = {name: n for n, name in enumerate(gregorian.month_abbr) if name}
+# Cron's English names, whatever the process's locale (calendar.month_abbr follows it).
+_MONTH_NAMES = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
+_MONTHS = {name: n for n, name in enumerate(_MONTH_NAMES, start=1)}
 _WEEKDAYS = {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6}
-_MONTHS = {name.lower(): n for name, n in _MONTHS.items()}
 
 
 @dataclass(frozen=True)
