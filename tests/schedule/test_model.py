@@ -338,6 +338,6 @@ def test_schedules_keep_their_way_forward_and_start_each_due_time_once(settings)
     run_state_machine_as_test(
         Schedules,
         settings=hypothesis_settings(
-            parent=hypothesis_settings.default, max_examples=150, stateful_step_count=25
+            parent=hypothesis_settings.default, max_examples=200, stateful_step_count=25
         ),
     )
