@@ -40,8 +40,8 @@ from django.utils import timezone  # noqa: E402
 from automation.models import Automation  # noqa: E402
 from identity.models import Tenant  # noqa: E402
 from job.models import Job  # noqa: E402
+from schedule.firing import schedules_fire_due  # noqa: E402
 from schedule.models import Schedule  # noqa: E402
-from schedule.services import schedules_fire_due  # noqa: E402
 from sector.models import Sector  # noqa: E402
 
 LEVELS = (1, 2)

@@ -239,6 +239,8 @@ SCHEDULER_INTERVAL_SECONDS = env.float("SCHEDULER_INTERVAL_SECONDS", default=5.0
 SCHEDULE_MISFIRE_GRACE_SECONDS = env.int(
     "SCHEDULE_MISFIRE_GRACE_SECONDS", default=5 * 60, minimum=1
 )
+# Schedules a tenant may have (active and paused; deactivated ones do not count).
+SCHEDULE_MAX_PER_TENANT = env.int("SCHEDULE_MAX_PER_TENANT", default=300, minimum=1)
 
 # --- Stuck-job monitor (manage.py watch_stuck_jobs) ---------------------------------------
 # Seconds between cycles (--interval overrides it).

@@ -27,13 +27,18 @@ from schedule.services import (
 )
 
 CRON_HELP = (
-    "Five fields: minute hour day-of-month month day-of-week, read in `timezone` "
-    "(e.g. `0 6 * * 1-5`: weekdays at 06:00)."
+    "Five fields, ISC/Vixie cron's: minute hour day-of-month month day-of-week, read in "
+    "`timezone` (e.g. `0 6 * * 1-5`: weekdays at 06:00). Ranges, lists, steps, names and "
+    "`L` (last day of the month); no `W`, `#`, `?` or `@daily`. One with no due time "
+    "ahead in its zone is refused."
 )
-TIMEZONE_HELP = "An IANA time zone name (e.g. `America/Sao_Paulo`); daylight saving follows it."
+TIMEZONE_HELP = (
+    "An IANA time zone name (e.g. `America/Sao_Paulo`, or a link such as `US/Eastern`); "
+    "daylight saving follows it."
+)
 MISFIRE_HELP = (
-    "Runs missed while the hub was down: `run_once` starts only the latest of them, late; "
-    "`skip` drops them."
+    "Runs missed by more than the grace (the hub was down): `run_once` starts only the "
+    "latest of them, late, when no run within the grace starts; `skip` drops them."
 )
 
 
@@ -60,7 +65,11 @@ class ScheduleSerializer(serializers.ModelSerializer):
         read_only=True, allow_null=True, help_text="The due time of the latest run started."
     )
     paused_reason = serializers.CharField(
-        read_only=True, help_text="Why it is paused (a manager, or params the schema refuses)."
+        read_only=True,
+        help_text=(
+            "Why it is paused (a manager, params the schema refuses, or a calendar that has "
+            "no due time left)."
+        ),
     )
 
     class Meta:
@@ -159,7 +168,10 @@ class ScheduleListCreateApi(ReadForMembersWriteForManagers, generics.ListAPIView
                 "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
                 "`unknown_automation`, `invalid_params`, `params_too_large`."
             ),
-            409: error_response("`automation_inactive`, `automation_misconfigured`."),
+            409: error_response(
+                "`automation_inactive`, `automation_misconfigured`, `schedule_limit_reached` "
+                "(the tenant has `SCHEDULE_MAX_PER_TENANT` schedules; `details.limit`)."
+            ),
         },
     )
     def post(self, request):
@@ -268,7 +280,10 @@ class ScheduleResumeApi(_ScheduleMoveApi):
         request=None,
         responses={
             200: ScheduleSerializer,
-            400: error_response("`invalid_params`, `params_too_large`."),
+            400: error_response(
+                "`invalid_params`, `params_too_large`, `invalid_cron` (the calendar has no "
+                "due time left)."
+            ),
             404: error_response("`schedule_not_found`."),
             409: error_response(
                 "`schedule_inactive`, `automation_inactive`, `automation_misconfigured`."

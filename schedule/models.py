@@ -1,9 +1,21 @@
 """Schedules: a tenant's calendar of runs of an automation, and the runs it started.
 
-The ``Schedule`` aggregate owns its transitions (``pause``, ``resume``, ``deactivate``,
-``reschedule``); ``schedule.services`` locks the row, calls them and saves. A
-``ScheduleRun`` is one due time that started a job: its unique key on (schedule, due time)
-is what makes a due time start one job, whoever fires it and however often.
+The ``Schedule`` aggregate owns its transitions (``pause``, ``resume``, ``end``,
+``reschedule``); ``schedule.services`` and ``schedule.firing`` compute the calendar first,
+then lock the row briefly, call them and save. A ``ScheduleRun`` is one due time that
+started a job: its unique key on (schedule, due time) is what makes a due time start one
+job, whoever fires it and however often.
+
+A schedule's states and their ways forward:
+
+* ``deactivated`` is final (a person's decision, or its automation's or tenant's end;
+  ``deactivated_reason`` says which).
+* ``active`` moves by ``next_run_at`` and the scheduler's cycle, which starts the due
+  runs and sets the next due time in the same transaction. An active schedule always has
+  a ``next_run_at``: a calendar with no due time within the search's bound is paused
+  instead, with the reason. ``schedule.stranded`` finds the rows that break this.
+* ``paused`` moves by a person's resume; ``paused_reason`` says why it stopped (a person,
+  params the automation's schema refuses, a calendar that cannot be read).
 """
 
 from __future__ import annotations
@@ -18,7 +30,6 @@ from django.db.models import Q
 from django.utils import timezone as django_timezone
 
 from common.models import Deactivatable
-from schedule import calendar
 
 
 class Misfire(models.TextChoices):
@@ -103,12 +114,10 @@ class Schedule(Deactivatable):
 
     # --- transitions ------------------------------------------------------------------
 
-    def reschedule(self, *, now: datetime) -> None:
-        """The next due time after ``now``, when the schedule runs (none otherwise)."""
-        if self.is_active and not self.is_paused:
-            self.next_run_at = calendar.next_due_after(self.cron, self.timezone, now)
-        else:
-            self.next_run_at = None
+    def reschedule(self, *, next_run_at: datetime) -> None:
+        """Wait for ``next_run_at`` (computed by the caller, before it took the row's lock)
+        when the schedule runs; nothing is awaited otherwise."""
+        self.next_run_at = next_run_at if self.is_active and not self.is_paused else None
 
     def pause(self, *, now: datetime, reason: str) -> bool:
         """Stop firing until resumed. Pausing a paused schedule changes nothing (False)."""
@@ -120,14 +129,15 @@ class Schedule(Deactivatable):
         self.next_run_at = None
         return True
 
-    def resume(self, *, now: datetime) -> bool:
-        """Fire again from the next due time after ``now``: the paused time is not a misfire."""
+    def resume(self, *, next_run_at: datetime) -> bool:
+        """Fire again from ``next_run_at``, the first due time after now: what fell due
+        while paused is not a misfire."""
         self.ensure_active(message="The schedule is deactivated: it cannot be resumed.")
         if not self.is_paused:
             return False
         self.paused_at = None
         self.paused_reason = ""
-        self.reschedule(now=now)
+        self.reschedule(next_run_at=next_run_at)
         return True
 
     def end(self, *, now: datetime, reason: str) -> None:
@@ -135,6 +145,11 @@ class Schedule(Deactivatable):
         self.deactivate(now=now)
         self.deactivated_reason = reason
         self.next_run_at = None
+
+    def calendar_key(self) -> tuple[str, str, str, datetime | None]:
+        """What a due-time computation read: a firing applies its result only to a row that
+        still has it."""
+        return (self.cron, self.timezone, self.misfire, self.next_run_at)
 
     def ran(self, *, due_at: datetime) -> None:
         self.last_run_at = due_at if self.last_run_at is None else max(self.last_run_at, due_at)

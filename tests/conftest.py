@@ -6,12 +6,14 @@ own Redis key prefix, so two runs on one machine do not steal each other's signa
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import pika
 import pytest
 import redis
 from django.conf import settings
+from hypothesis import settings as hypothesis_settings
 
 from tests.aws import moto_endpoint  # noqa: F401
 from tests.factories import PlatformAdminFactory, TenantFactory, UserFactory
@@ -23,6 +25,12 @@ from tests.private_services import (  # noqa: F401
     private_redis,
     running_private_rabbitmq,
 )
+
+# Hypothesis: in CI the examples follow from the tests alone (the same on every run, nothing
+# to replay, so no example database), and no example is failed for its time on a busy machine.
+hypothesis_settings.register_profile("ci", derandomize=True, deadline=None, database=None)
+hypothesis_settings.register_profile("dev", deadline=None)
+hypothesis_settings.load_profile("ci" if os.environ.get("CI") == "true" else "dev")
 
 
 @pytest.fixture(scope="session")

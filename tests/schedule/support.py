@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+from django.db import connection
+
 from job.models import Job
 from schedule.models import Schedule
 from schedule.services import schedule_create
@@ -27,3 +30,12 @@ def jobs_of(schedule: Schedule) -> list[Job]:
 
 def due_times_of(schedule: Schedule) -> list[datetime]:
     return [datetime.fromisoformat(job.triggered_by["due_at"]) for job in jobs_of(schedule)]
+
+
+def other_connection() -> psycopg.Connection:
+    """A connection of its own to the test database, beside Django's (a lock held there is
+    another transaction's)."""
+    params = connection.get_connection_params()
+    return psycopg.connect(
+        **{key: params[key] for key in ("dbname", "host", "port", "user") if key in params}
+    )

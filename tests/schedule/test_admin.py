@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import time_machine
 
+from schedule.firing import schedules_fire_due
 from schedule.models import Schedule
-from schedule.services import schedules_fire_due
 from tests.schedule.support import new_schedule, utc
 
 pytestmark = pytest.mark.django_db

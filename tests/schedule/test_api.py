@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
 
 import pytest
 import time_machine
+from django.db import connection
 
 from automation.models import Automation
+from common.errors import Conflict
 from schedule.models import Schedule
-from tests.factories import AutomationFactory, ManagerFactory, UserFactory
+from tests.factories import AutomationFactory, ManagerFactory, TenantFactory, UserFactory
 from tests.schedule.conftest import client_of
 from tests.schedule.support import new_schedule, utc
 
@@ -191,7 +194,7 @@ def test_pause_and_resume(manager_api, tenant, automation):
 def test_a_schedule_paused_for_its_params_shows_why_and_resumes_once_they_are_fixed(
     manager_api, member_api, tenant, automation
 ):
-    from schedule.services import schedules_fire_due
+    from schedule.firing import schedules_fire_due
 
     with time_machine.travel(utc(2026, 6, 1, 5), tick=False):
         schedule = new_schedule(tenant=tenant, automation=automation)
@@ -257,7 +260,7 @@ def test_a_member_of_an_inactive_tenant_is_refused(tenant, automation):
 def test_a_scheduled_job_reads_as_triggered_by_its_schedule_and_due_time(
     member_api, member, tenant, automation
 ):
-    from schedule.services import schedules_fire_due
+    from schedule.firing import schedules_fire_due
     from tests.factories import JobFactory
 
     with time_machine.travel(utc(2026, 6, 1, 5), tick=False):
@@ -284,3 +287,139 @@ def test_an_unnamed_schedule_is_known_by_its_expression(manager_api, automation)
 
     assert response.status_code == 201, response.json()
     assert response.json()["name"] == "15 4 * * *"
+
+
+# --- calendars at the door --------------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_a_chatham_schedule_created_inside_its_repeated_hour_answers_at_once(
+    manager_api, automation
+):
+    # 13:45:30Z is 03:30:30 +13:45 on 2027-04-04, just before 03:45 becomes 02:45 again.
+    with time_machine.travel(utc(2027, 4, 3, 13, 45, 30), tick=False):
+        response = manager_api.post(
+            URL, body(automation, cron="*/15 3 * * *", timezone="Pacific/Chatham"), format="json"
+        )
+
+    assert response.status_code == 201, response.json()
+    assert response.json()["next_run_at"] == "2027-04-03T14:15:00Z"
+
+
+@pytest.mark.parametrize(
+    ("cron", "zone", "reason"),
+    [
+        ("0 0 30 2 *", "UTC", "no due time"),
+        ("*/15 2 8-14 3 */7", "America/New_York", "no due time"),
+        ("0 0 * * 5#3", "UTC", "'#'"),
+        ("@daily", "UTC", "0 0 * * *"),
+        ("10-5 * * * *", "UTC", "backwards"),
+    ],
+)
+def test_a_calendar_without_a_due_time_or_that_cron_does_not_read_is_a_400(
+    manager_api, automation, cron, zone, reason
+):
+    response = manager_api.post(URL, body(automation, cron=cron, timezone=zone), format="json")
+
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_cron" and reason in error["message"]
+    assert reason in error["details"]["cron"][0]
+    assert not Schedule.objects.exists()
+
+
+def test_a_new_zone_that_leaves_the_expression_without_a_due_time_is_refused(
+    manager_api, tenant, automation
+):
+    schedule = new_schedule(tenant=tenant, automation=automation, cron="*/15 2 8-14 3 */7")
+
+    moved = manager_api.patch(
+        f"{URL}/{schedule.pk}", {"timezone": "America/New_York"}, format="json"
+    )
+
+    assert moved.status_code == 400 and moved.json()["error"]["code"] == "invalid_cron"
+    schedule.refresh_from_db()
+    assert schedule.timezone == "UTC"
+
+
+@pytest.mark.parametrize("zone", ["localtime", "posixrules", "Factory", "posix/UTC"])
+def test_files_of_the_zone_database_that_are_not_zones_are_refused(manager_api, automation, zone):
+    response = manager_api.post(URL, body(automation, timezone=zone), format="json")
+
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_timezone"
+
+
+def test_resuming_a_schedule_whose_calendar_has_no_due_time_left_is_a_400(
+    manager_api, tenant, automation
+):
+    schedule = new_schedule(tenant=tenant, automation=automation)
+    manager_api.post(f"{URL}/{schedule.pk}/pause")
+    Schedule.objects.filter(pk=schedule.pk).update(
+        cron="*/15 2 8-14 3 */7", timezone="America/New_York"
+    )
+
+    resumed = manager_api.post(f"{URL}/{schedule.pk}/resume")
+
+    assert resumed.status_code == 400
+    assert resumed.json()["error"]["code"] == "invalid_cron"
+    assert "no due time" in resumed.json()["error"]["message"]
+    schedule.refresh_from_db()
+    assert schedule.status == "paused"
+
+
+# --- the tenant's limit -----------------------------------------------------------------------
+
+
+def test_a_tenant_at_its_limit_of_schedules_is_refused_until_it_deactivates_one(
+    manager_api, tenant, automation, settings
+):
+    settings.SCHEDULE_MAX_PER_TENANT = 3
+    first, *_ = [new_schedule(tenant=tenant, automation=automation) for _ in range(2)]
+    paused = new_schedule(tenant=tenant, automation=automation)
+    manager_api.post(f"{URL}/{paused.pk}/pause")
+
+    refused = manager_api.post(URL, body(automation), format="json")
+    manager_api.post(f"{URL}/{first.pk}/deactivate")
+    accepted = manager_api.post(URL, body(automation), format="json")
+
+    assert refused.status_code == 409
+    assert refused.json()["error"]["code"] == "schedule_limit_reached"
+    assert refused.json()["error"]["details"] == {"limit": 3}
+    assert accepted.status_code == 201
+    assert Schedule.objects.filter(tenant=tenant, is_active=True).count() == 3
+
+
+def test_another_tenants_schedules_do_not_count(manager_api, automation, settings):
+    settings.SCHEDULE_MAX_PER_TENANT = 1
+    new_schedule(tenant=TenantFactory(), automation=automation)
+
+    assert manager_api.post(URL, body(automation), format="json").status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+def test_creations_racing_for_the_last_places_never_pass_the_limit(tenant, automation, settings):
+    settings.SCHEDULE_MAX_PER_TENANT = 4
+    new_schedule(tenant=tenant, automation=automation)
+    threads = 8
+    start = threading.Barrier(threads)
+    outcomes: list[str] = []
+
+    def create() -> None:
+        try:
+            start.wait()
+            new_schedule(tenant=tenant, automation=automation)
+            outcomes.append("created")
+        except Conflict as refusal:
+            outcomes.append(refusal.code)
+        finally:
+            connection.close()
+
+    workers = [threading.Thread(target=create) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+
+    assert sorted(outcomes) == ["created"] * 3 + ["schedule_limit_reached"] * 5
+    assert Schedule.objects.filter(tenant=tenant, is_active=True).count() == 4

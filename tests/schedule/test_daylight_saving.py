@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import time_machine
 
-from schedule.services import schedules_fire_due
+from schedule.firing import schedules_fire_due
 from tests.schedule.support import due_times_of, new_schedule, utc
 
 pytestmark = pytest.mark.django_db

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 
+import psycopg
 import pytest
 import time_machine
 from django.db import connection
@@ -12,10 +14,11 @@ from django.db import connection
 from automation.models import Automation
 from identity.models import Tenant
 from job.models import Job
+from schedule.firing import schedules_fire_due
 from schedule.models import Schedule, ScheduleRun
-from schedule.services import schedule_pause, schedule_resume, schedules_fire_due
+from schedule.services import schedule_pause, schedule_resume
 from tests.factories import AutomationFactory, TenantFactory
-from tests.schedule.support import due_times_of, jobs_of, new_schedule, utc
+from tests.schedule.support import due_times_of, jobs_of, new_schedule, other_connection, utc
 
 pytestmark = pytest.mark.django_db
 
@@ -200,13 +203,129 @@ def test_skip_still_starts_a_run_that_is_late_within_the_grace(tenant, automatio
     assert due_times_of(schedule) == [utc(2026, 6, 1, 10, 0)]
 
 
-def test_a_long_outage_of_an_every_minute_schedule_starts_one_run(tenant, automation):
+def test_a_long_outage_of_an_every_minute_schedule_starts_the_minutes_within_the_grace(
+    tenant, automation, settings
+):
+    settings.SCHEDULE_MISFIRE_GRACE_SECONDS = 300
     with time_machine.travel(utc(2026, 6, 1, 9, 30, 30), tick=False):
         schedule = new_schedule(tenant=tenant, automation=automation, cron="* * * * *")
 
     schedules_fire_due(now=utc(2026, 6, 9, 9, 30, 30))
 
-    assert due_times_of(schedule) == [utc(2026, 6, 9, 9, 30)]
+    # At most 300 s late: 09:26 to 09:30, each once. The week before was missed, and as runs
+    # within the grace start, run_once adds no late one.
+    assert due_times_of(schedule) == [utc(2026, 6, 9, 9, minute) for minute in range(26, 31)]
+
+
+def test_schedulers_away_for_150_seconds_start_each_minute_they_missed(
+    tenant, automation, settings
+):
+    settings.SCHEDULE_MISFIRE_GRACE_SECONDS = 300
+    with time_machine.travel(utc(2026, 6, 1, 9, 0, 30), tick=False):
+        schedule = new_schedule(tenant=tenant, automation=automation, cron="* * * * *")
+    schedules_fire_due(now=utc(2026, 6, 1, 9, 1, 3))
+
+    # Away from 09:01:03 to 09:03:33: 09:02 and 09:03 are due, both within the grace.
+    firing = schedules_fire_due(now=utc(2026, 6, 1, 9, 3, 33))
+
+    assert len(firing.started) == 2
+    assert due_times_of(schedule) == [utc(2026, 6, 1, 9, minute) for minute in (1, 2, 3)]
+    schedule.refresh_from_db()
+    assert schedule.next_run_at == utc(2026, 6, 1, 9, 4)
+    assert schedule.last_run_at == utc(2026, 6, 1, 9, 3)
+
+
+def test_skip_starts_the_runs_within_the_grace_and_none_before(tenant, automation, settings):
+    settings.SCHEDULE_MISFIRE_GRACE_SECONDS = 300
+    with time_machine.travel(utc(2026, 6, 1, 9, 0, 30), tick=False):
+        schedule = new_schedule(
+            tenant=tenant, automation=automation, cron="*/2 * * * *", misfire="skip"
+        )
+
+    schedules_fire_due(now=utc(2026, 6, 1, 9, 20, 0))
+
+    assert due_times_of(schedule) == [utc(2026, 6, 1, 9, minute) for minute in (16, 18, 20)]
+
+
+# --- calendars that are slow, stuck or empty --------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+def test_chatham_across_its_repeated_hour_fires_and_moves_on(tenant, automation):
+    # Pacific/Chatham: 03:45 +13:45 becomes 02:45 +12:45 on 2027-04-04 (13:45:30Z is 03:30:30).
+    with time_machine.travel(utc(2027, 4, 3, 13, 40), tick=False):
+        schedule = new_schedule(
+            tenant=tenant,
+            automation=automation,
+            cron="*/15 3 * * *",
+            timezone_name="Pacific/Chatham",
+        )
+    assert schedule.next_run_at == utc(2027, 4, 3, 13, 45)
+
+    schedules_fire_due(now=utc(2027, 4, 3, 13, 45, 30))
+
+    assert due_times_of(schedule) == [utc(2027, 4, 3, 13, 45)]
+    schedule.refresh_from_db()
+    assert schedule.next_run_at == utc(2027, 4, 3, 14, 15)  # 03:00 +12:45
+
+
+def test_a_calendar_left_without_a_due_time_pauses_its_schedule_with_the_reason(tenant, automation):
+    schedule = _hourly(tenant, automation)
+    # Hour 2 of the second Sunday of March never exists in New York: no due time, ever.
+    Schedule.objects.filter(pk=schedule.pk).update(
+        cron="*/15 2 8-14 3 */7", timezone="America/New_York"
+    )
+
+    firing = schedules_fire_due(now=utc(2026, 6, 1, 10, 0, 5))
+
+    assert firing.stopped == [schedule.pk] and jobs_of(schedule) == []
+    schedule.refresh_from_db()
+    assert schedule.status == "paused" and schedule.next_run_at is None
+    assert "no due time within 50 years" in schedule.paused_reason
+
+
+class _LockProbe(logging.Handler):
+    """While the firing computes a schedule's due times, try to lock the due rows from
+    another connection, without waiting: a firing that computes under its locks fails it."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.ids = ids
+        self.outcomes: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "computing its due times" not in record.getMessage():
+            return
+        with other_connection() as probe:
+            try:
+                probe.execute(
+                    "SELECT id FROM schedules WHERE id = ANY(%s) FOR UPDATE NOWAIT", [self.ids]
+                )
+                self.outcomes.append("locked")
+            except psycopg.errors.LockNotAvailable:
+                self.outcomes.append("held by the firing")
+            probe.rollback()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_firing_holds_no_lock_while_it_computes_due_times(tenant, automation):
+    with time_machine.travel(utc(2026, 6, 1, 5, 30), tick=False):
+        schedules = [
+            new_schedule(tenant=tenant, automation=automation, name=f"s{n}") for n in range(3)
+        ]
+    probe = _LockProbe([schedule.pk for schedule in schedules])
+    log = logging.getLogger("hubdommed.schedule")
+    level = log.level
+    log.addHandler(probe)
+    log.setLevel(logging.DEBUG)
+    try:
+        firing = schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 3))
+    finally:
+        log.removeHandler(probe)
+        log.setLevel(level)
+
+    assert probe.outcomes == ["locked"] * 3
+    assert len(firing.started) == 3
 
 
 # --- automation, tenant and params --------------------------------------------------------
@@ -291,3 +410,34 @@ def test_a_calendar_that_cannot_be_read_pauses_its_schedule_and_the_others_still
     broken.refresh_from_db()
     assert broken.status == "paused" and broken.next_run_at is None
     assert broken.paused_reason.startswith("Its calendar cannot be read")
+
+
+def test_a_schedule_whose_firing_fails_moves_on_and_its_batch_goes_on(tenant, automation):
+    other = AutomationFactory()
+    with time_machine.travel(utc(2026, 6, 1, 5, 30), tick=False):
+        failing = new_schedule(tenant=tenant, automation=automation, name="failing")
+        healthy = new_schedule(tenant=tenant, automation=other, name="healthy")
+    # The database itself refuses this automation's jobs (a trigger of this test's own).
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE FUNCTION refuse_test_jobs() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.automation_id = %s THEN RAISE EXCEPTION 'jobs refused by the test'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_test_jobs BEFORE INSERT ON jobs
+                FOR EACH ROW EXECUTE FUNCTION refuse_test_jobs();
+            """,
+            [automation.pk],
+        )
+
+    firing = schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 3))
+
+    assert jobs_of(failing) == [] and len(jobs_of(healthy)) == 1
+    assert firing.started == [jobs_of(healthy)[0].pk] and firing.failed == [failing.pk]
+    assert not ScheduleRun.objects.filter(schedule=failing).exists()
+    failing.refresh_from_db()
+    # Still active: the next due time is awaited, and a fixed database runs it.
+    assert failing.status == "active" and failing.next_run_at == utc(2026, 6, 2, 6)
+    assert schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 8)).failed == []

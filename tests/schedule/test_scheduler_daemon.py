@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from datetime import timedelta
 
 import pytest
 from django.conf import settings as django_settings
@@ -22,9 +21,10 @@ from tests.schedule.support import jobs_of, new_schedule
 
 
 def _due_now(schedule: Schedule) -> None:
-    # As if it had been created a minute ago: the current minute is due.
+    # As if it had been created in the minute before this one: the current minute is due,
+    # and only it (the earlier ones, within the grace, would start too).
     Schedule.objects.filter(pk=schedule.pk).update(
-        next_run_at=timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=1)
+        next_run_at=timezone.now().replace(second=0, microsecond=0)
     )
 
 
@@ -51,7 +51,7 @@ def test_one_cycle_fires_due_schedules_and_ends_those_of_deactivated_automations
 
 @pytest.mark.django_db(transaction=True)
 def test_two_schedulers_racing_start_each_due_time_once_and_exit_0_on_sigterm(
-    settings, tenant, automation
+    settings, tmp_path, tenant, automation
 ):
     schedules = [
         new_schedule(tenant=tenant, automation=automation, name=f"s{n}", cron="* * * * *")
@@ -59,22 +59,29 @@ def test_two_schedulers_racing_start_each_due_time_once_and_exit_0_on_sigterm(
     ]
     for schedule in schedules:
         _due_now(schedule)
+    # Each touches its liveness file after a cycle: by then its signal handlers are set.
+    alive = [tmp_path / f"scheduler-{n}.alive" for n in range(2)]
     processes = [
         subprocess.Popen(
             [sys.executable, "manage.py", "run_scheduler", "--interval", "0.2"],
             cwd=django_settings.BASE_DIR,
-            env=process_environment(settings),
+            env=process_environment(settings, LIVENESS_FILE=str(path)),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for _ in range(2)
+        for path in alive
     ]
     try:
         wait_until(
             lambda: all(jobs_of(schedule) for schedule in schedules),
             timeout=60,
             message="every schedule to start its job",
+        )
+        wait_until(
+            lambda: all(path.exists() for path in alive),
+            timeout=60,
+            message="both schedulers to finish a cycle",
         )
     finally:
         for process in processes:

@@ -23,8 +23,8 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from common.context import log_context
 from common.metrics import Heartbeat, serve_metrics
 from lifecycle import Stop
+from schedule.firing import schedules_end_orphaned, schedules_fire_due
 from schedule.metrics import SCHEDULER_CYCLES, SCHEDULER_ERRORS, SCHEDULER_RUNS
-from schedule.services import schedules_end_orphaned, schedules_fire_due
 
 logger = logging.getLogger("hubdommed.scheduler")
 
@@ -59,6 +59,8 @@ class Command(BaseCommand):
         self.started += len(firing.started)
         SCHEDULER_RUNS.labels(outcome="started").inc(len(firing.started))
         SCHEDULER_RUNS.labels(outcome="stopped").inc(len(firing.stopped))
+        if firing.failed:
+            SCHEDULER_ERRORS.labels(cause="bug").inc(len(firing.failed))
         if firing.started or firing.stopped:
             logger.info(
                 "scheduler: %d jobs started, %d schedules stopped",

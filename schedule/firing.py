@@ -1,0 +1,279 @@
+"""The firing: start one job per due time of the schedules whose next run has come.
+
+One batch is two steps. ``schedules_plan_due`` reads the due schedules without locking
+them and computes, for each, the due times to start and the next one (the calendar's
+search is bounded, but it is never done under a lock). ``schedules_fire_planned`` then
+takes the rows with ``FOR UPDATE SKIP LOCKED`` in one short transaction, keeps only those
+that still hold what the plan was computed from (same cron, zone, misfire and next run: a
+person's edit or another firing in between makes the plan stale, and the row is left to
+the next cycle), and starts the jobs. ``manage.py run_scheduler`` runs
+``schedules_fire_due``, both steps, batch after batch.
+
+What starts, for a schedule whose ``next_run_at`` has come:
+
+* every due time from ``next_run_at`` that is at most ``SCHEDULE_MISFIRE_GRACE_SECONDS``
+  late starts its job (a scheduler away for a moment loses nothing; at most one per minute
+  of the grace);
+* of the due times older than that (the hub was down), ``misfire=run_once`` starts the
+  latest one, late, when no due time within the grace starts in the same pass (that run
+  stands for the ones missed before it); ``skip`` starts none of them.
+
+A schedule whose firing fails for a reason no rule above covers (a bug, a database that
+refuses its job) is rolled back alone and moves on to its next due time, logged and
+counted (``hubdommed_scheduler_errors_total{cause="bug"}``): it never stops its batch.
+
+SKIP LOCKED keeps two firings from taking the same schedule at once; the unique key on
+(schedule, due time) keeps a due time from starting a second job whatever else happens (a
+clock that went back, a schedule moved back by hand).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from common.errors import DomainError
+from job.services import job_create
+from schedule import calendar
+from schedule.models import Misfire, Schedule, ScheduleRun
+
+logger = logging.getLogger("hubdommed.schedule")
+
+RUN_CONSTRAINT = "schedule_runs_schedule_due_at_key"
+
+
+@dataclass
+class Firing:
+    """What one batch of the firing did."""
+
+    # Jobs started.
+    started: list[int] = field(default_factory=list)
+    # Schedules paused or deactivated instead of running.
+    stopped: list[int] = field(default_factory=list)
+    # Whether the batch was full and moved: more schedules may be due right away.
+    more: bool = False
+    # Schedules whose plan was applied (the others were held by another firing, or stale).
+    applied: list[int] = field(default_factory=list)
+    # Schedules whose firing failed (a bug): moved on to their next due time.
+    failed: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What firing one schedule will do, computed without a lock."""
+
+    schedule_id: int
+    # What it was computed from (``Schedule.calendar_key``): applied only to a row that
+    # still has it.
+    key: tuple[str, str, str, datetime | None]
+    # The due times to start, in order.
+    starts: tuple[datetime, ...] = ()
+    # The first due time after now.
+    next_run_at: datetime | None = None
+    # Why the calendar gave no answer (a bound reached, an unreadable row): it is paused.
+    problem: str | None = None
+
+
+def misfire_grace() -> timedelta:
+    return timedelta(seconds=settings.SCHEDULE_MISFIRE_GRACE_SECONDS)
+
+
+def schedules_fire_due(*, now: datetime | None = None, batch_size: int = 100) -> Firing:
+    """Plan one batch of due schedules, then fire it."""
+    now = now or timezone.now()
+    plans = schedules_plan_due(now=now, batch_size=batch_size)
+    firing = schedules_fire_planned(plans, now=now)
+    # A full batch of which another firing took every row is left to it: no spinning.
+    firing.more = len(plans) == batch_size and bool(firing.applied)
+    return firing
+
+
+def schedules_plan_due(*, now: datetime, batch_size: int = 100) -> list[Plan]:
+    """The plans of the earliest due schedules; reads only, outside any transaction."""
+    due = (
+        Schedule.objects.filter(next_run_at__lte=now)
+        .order_by("next_run_at", "id")
+        .only("id", "cron", "timezone", "misfire", "next_run_at")[:batch_size]
+    )
+    return [plan_of(schedule, now=now) for schedule in due]
+
+
+def plan_of(schedule: Schedule, *, now: datetime) -> Plan:
+    """What firing ``schedule`` at ``now`` does; every search in it is bounded."""
+    logger.debug("schedule %s: computing its due times", schedule.pk)
+    key = schedule.calendar_key()
+    since = schedule.next_run_at
+    grace = misfire_grace()
+    try:
+        on_time = calendar.due_times_between(
+            schedule.cron,
+            schedule.timezone,
+            since=max(since, now - grace),
+            until=now,
+            # Due times are whole minutes apart: this many fit in the grace.
+            limit=int(grace.total_seconds()) // 60 + 2,
+        )
+        starts = tuple(on_time)
+        if not starts and schedule.misfire == Misfire.RUN_ONCE and since < now - grace:
+            latest = calendar.latest_due_between(
+                schedule.cron,
+                schedule.timezone,
+                since=since,
+                until=now - grace - timedelta(microseconds=1),
+            )
+            starts = () if latest is None else (latest,)
+        elif not starts and since < now - grace:
+            logger.info(
+                "schedule %s: the runs due since %s were missed; skipped", schedule.pk, since
+            )
+        next_run_at = calendar.next_due_after(schedule.cron, schedule.timezone, now)
+    except calendar.UNREADABLE as exc:
+        return Plan(schedule.pk, key, problem=f"Its calendar cannot be read: {exc}")
+    return Plan(schedule.pk, key, starts=starts, next_run_at=next_run_at)
+
+
+def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
+    """Apply ``plans`` in one short transaction: the rows another firing holds are
+    skipped, those changed since their plan was computed are left to the next cycle."""
+    firing = Firing()
+    if not plans:
+        return firing
+    by_id = {plan.schedule_id: plan for plan in plans}
+    with transaction.atomic():
+        locked = (
+            Schedule.objects.select_for_update(skip_locked=True, of=("self",))
+            .select_related("tenant", "automation")
+            .filter(pk__in=list(by_id), next_run_at__isnull=False)
+            .order_by("next_run_at", "id")
+        )
+        for schedule in locked:
+            plan = by_id[schedule.pk]
+            if schedule.calendar_key() != plan.key:
+                continue  # changed since it was planned: the next cycle plans it again
+            started, stopped = len(firing.started), len(firing.stopped)
+            try:
+                with transaction.atomic():
+                    _apply(schedule, plan, now=now, firing=firing)
+            except (OperationalError, InterfaceError):
+                raise  # the database went away: the whole cycle is retried
+            except Exception:
+                # A bad row must not stop the batch, nor every later cycle (it would be
+                # first in line again): it moves on to its next due time without the runs
+                # that failed, logged and counted, and the others carry on. Not paused: a
+                # defect of every row (a bad deploy) then heals once fixed.
+                logger.exception("schedule %s: its firing failed; moved on", schedule.pk)
+                del firing.started[started:], firing.stopped[stopped:]  # rolled back
+                _move_on(schedule, plan, now=now)
+                firing.failed.append(schedule.pk)
+            firing.applied.append(schedule.pk)
+    return firing
+
+
+def _move_on(schedule: Schedule, plan: Plan, *, now: datetime) -> None:
+    schedule.refresh_from_db()  # what the savepoint's rollback left; the lock is still held
+    schedule.reschedule(next_run_at=plan.next_run_at)
+    schedule.updated_at = now
+    schedule.save(update_fields=["next_run_at", "updated_at"])
+
+
+def _apply(schedule: Schedule, plan: Plan, *, now: datetime, firing: Firing) -> None:
+    if not schedule.tenant.is_active:
+        schedule.end(now=now, reason="Its tenant was deactivated.")
+    elif not schedule.automation.is_active:
+        schedule.end(now=now, reason="Its automation was deactivated.")
+    elif plan.problem is not None:
+        # A row the API would have refused (changed in the database, or a zone the time
+        # zone database dropped), or a calendar with no due time left within the bound:
+        # paused with the reason, so that it does not fail every cycle.
+        logger.error("schedule %s paused: %s", schedule.pk, plan.problem)
+        schedule.pause(now=now, reason=plan.problem)
+    else:
+        for due_at in plan.starts:
+            if not _start(schedule, due_at=due_at, now=now, firing=firing):
+                break
+        schedule.reschedule(next_run_at=plan.next_run_at)
+    if not schedule.is_active or schedule.is_paused:
+        firing.stopped.append(schedule.pk)
+    schedule.updated_at = now
+    schedule.save()
+
+
+def _start(schedule: Schedule, *, due_at: datetime, now: datetime, firing: Firing) -> bool:
+    """Start the run due at ``due_at``; False when the schedule was paused instead."""
+    try:
+        # A savepoint: a refused job or a due time already taken leaves nothing behind,
+        # and the schedule still moves on.
+        with transaction.atomic():
+            job, _ = job_create(
+                tenant=schedule.tenant,
+                automation_id=schedule.automation_id,
+                params=schedule.params,
+                requested_by=None,
+                triggered_by=schedule.triggered_by(due_at),
+            )
+            ScheduleRun.objects.create(schedule=schedule, due_at=due_at, job_id=job.pk)
+    except IntegrityError as exc:
+        if _constraint_of(exc) != RUN_CONSTRAINT:
+            raise
+        # Another firing already started this due time.
+        logger.info("schedule %s: the run due %s was already started", schedule.pk, due_at)
+        return True
+    except DomainError as refusal:
+        reason = _refusal_reason(refusal)
+        logger.warning("schedule %s paused: %s", schedule.pk, reason)
+        schedule.pause(now=now, reason=reason)
+        return False
+    schedule.ran(due_at=due_at)
+    firing.started.append(job.pk)
+    return True
+
+
+def _constraint_of(exc: IntegrityError) -> str | None:
+    diag = getattr(exc.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None)
+
+
+def _refusal_reason(refusal: DomainError) -> str:
+    reason = f"The run was refused ({refusal.code}): {refusal.message}"
+    problems = refusal.details.get("params") or refusal.details.get("params_schema")
+    if problems:
+        reason += f" {problems}"
+    return reason
+
+
+# --- schedules whose automation or tenant ended ------------------------------------------
+
+
+@transaction.atomic
+def schedules_end_orphaned() -> list[int]:
+    """Deactivate the schedules whose automation or tenant was deactivated.
+
+    The firing refuses them at their next due time anyway; this makes them read as
+    stopped at once, whatever their calendar.
+    """
+    now = timezone.now()
+    ended = []
+    orphaned = (
+        Schedule.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("tenant", "automation")
+        .filter(is_active=True)
+        .filter(Q(automation__is_active=False) | Q(tenant__is_active=False))
+        .order_by("id")
+    )
+    for schedule in orphaned:
+        reason = (
+            "Its tenant was deactivated."
+            if not schedule.tenant.is_active
+            else "Its automation was deactivated."
+        )
+        schedule.end(now=now, reason=reason)
+        schedule.updated_at = now
+        schedule.save()
+        ended.append(schedule.pk)
+    return ended
