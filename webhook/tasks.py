@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from outbox.handlers import TaskMessage, task
 from outbox.task_errors import PermanentError
-from webhook.services import delivery_attempt
+from webhook.delivery import delivery_attempt
 
 
 @task("webhook.deliver")
