@@ -416,6 +416,15 @@ WEBHOOK_SECRET_GRACE_SECONDS = env.int("WEBHOOK_SECRET_GRACE_SECONDS", default=8
 # longer than this marks it slow, and its other deliveries wait this long before trying again.
 WEBHOOK_SLOW_SECONDS = env.float("WEBHOOK_SLOW_SECONDS", default=1.0, minimum=0.05)
 WEBHOOK_DEFER_SECONDS = env.float("WEBHOOK_DEFER_SECONDS", default=2.0, minimum=0.05)
+# While an endpoint fails, its probe comes back after a twentieth of how long it has been
+# failing (a second at least), and at most this many seconds: a receiver that answers again
+# gets its backlog within seconds after a short outage, and within this after a long one.
+WEBHOOK_PROBE_MAX_SECONDS = env.float("WEBHOOK_PROBE_MAX_SECONDS", default=30.0, minimum=1.0)
+# A disabled endpoint's pending deliveries are held for its enable this long at most (from
+# when the event happened); then they end failed, with the reason.
+WEBHOOK_HELD_MAX_AGE_SECONDS = env.int(
+    "WEBHOOK_HELD_MAX_AGE_SECONDS", default=7 * 24 * 3600, minimum=60
+)
 # CA bundle that verifies receivers' certificates (default: certifi's).
 WEBHOOK_CA_BUNDLE = env.str("WEBHOOK_CA_BUNDLE", default="")
 

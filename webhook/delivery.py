@@ -4,6 +4,17 @@ Deliveries are born in ``deliveries_record``, the outbox's event listener, insid
 transaction that records the event; each is then attempted by a run of ``webhook.deliver``
 (``delivery_attempt``), and each retry is a new run, due after the next delay of
 ``WEBHOOK_RETRY_DELAYS``. The HTTP request happens outside any transaction.
+
+While an endpoint fails, one delivery probes it (the one scheduled) and the others are
+parked. The probe comes back after at most ``probe_interval`` however far its own schedule
+has gone, so a receiver that answers again is found within seconds of a short outage;
+its success takes the parked ones up at once, at the pace the receiver answers (the
+slow-receiver guard). A probe that ends (delivered, failed for good) never leaves parked
+deliveries without one: a failure hands the probe on to the oldest parked delivery. Every
+decision about parking is taken under the endpoint's row lock (``FOR SHARE`` in the event's
+transaction, ``FOR NO KEY UPDATE`` in an attempt's), so a delivery parked by an event and
+the success that un-parks cannot miss each other. A disabled endpoint's deliveries are held
+(parked) for its enable, ``WEBHOOK_HELD_MAX_AGE_SECONDS`` at most.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from job.api.serializers import JobOutput
@@ -34,9 +45,10 @@ logger = logging.getLogger("hubdommed.webhook")
 DELIVER_TASK = "webhook.deliver"
 # Characters of a receiver's answer kept with the attempt.
 EXCERPT_CHARS = 1024
-# Parked deliveries taken up per success of their endpoint, and seconds between them.
+# Parked deliveries taken up per success of their endpoint (each success takes the next).
 UNPARK_BATCH = 100
-UNPARK_SPACING = 0.05
+# A failing endpoint's probe comes back after this share of how long it has been failing.
+PROBE_SHARE = 0.05
 
 
 # --- the event listener -------------------------------------------------------------------
@@ -44,7 +56,8 @@ UNPARK_SPACING = 0.05
 
 def deliveries_record(event: RecordedEvent) -> list[int]:
     """One delivery per active endpoint of the event's tenant that wants it, with its first
-    run, in the event's own transaction (the outbox calls this from ``publish``)."""
+    run, in the event's own transaction (the outbox calls this from ``publish``); parked
+    instead for an endpoint that is failing and has its probe on the way."""
     if event.tenant_id is None:
         return []
     endpoints = list(
@@ -60,6 +73,9 @@ def deliveries_record(event: RecordedEvent) -> list[int]:
     # Its own savepoint (taken only for a tenant with endpoints that want the event): a
     # failure here leaves none of these rows, and ``publish`` undoes the event.
     with transaction.atomic():
+        parking = _endpoints_parking(
+            [endpoint.pk for endpoint in endpoints if endpoint.failing_since is not None]
+        )
         deliveries = [
             WebhookDelivery(
                 endpoint_id=endpoint.pk,
@@ -72,13 +88,40 @@ def deliveries_record(event: RecordedEvent) -> list[int]:
             for endpoint in endpoints
         ]
         WebhookDelivery.objects.bulk_create(deliveries)
-        failing = {endpoint.pk for endpoint in endpoints if endpoint.failing_since is not None}
-        scheduled = [delivery for delivery in deliveries if delivery.endpoint_id not in failing]
+        scheduled = [delivery for delivery in deliveries if delivery.endpoint_id not in parking]
         for delivery in scheduled:
-            delivery.scheduled_run_id = _schedule(delivery, delay=None)
-        # A failing endpoint's new deliveries are parked: its next success takes them up.
-        WebhookDelivery.objects.bulk_update(scheduled, ["scheduled_run_id"])
+            _schedule(delivery, delay=None)
+        WebhookDelivery.objects.bulk_update(scheduled, ["scheduled_run_id", "next_attempt_at"])
     return [delivery.pk for delivery in deliveries]
+
+
+def _endpoints_parking(endpoint_ids: list[int]) -> set[int]:
+    """Of these endpoints (read as failing without a lock), those still failing with a
+    probe on its way: their new deliveries are parked.
+
+    FOR SHARE, held to the event's commit: an attempt's outcome (which takes the row FOR NO
+    KEY UPDATE, and un-parks on a success) waits for this transaction, and so sees its
+    parked rows; or it committed first, and the row read here is the one it left (READ
+    COMMITTED reads the latest version once the lock is had). A failing endpoint with no
+    probe (its last one just ended) gets this event's delivery as its probe.
+    """
+    if not endpoint_ids:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id FROM webhook_endpoints WHERE id = ANY(%s) AND status = 'active' "
+            "AND failing_since IS NOT NULL ORDER BY id FOR SHARE",
+            [endpoint_ids],
+        )
+        failing = [row[0] for row in cursor.fetchall()]
+    probing = set(
+        WebhookDelivery.objects.filter(
+            endpoint_id__in=failing,
+            status=DeliveryStatus.PENDING,
+            scheduled_run_id__isnull=False,
+        ).values_list("endpoint_id", flat=True)
+    )
+    return probing
 
 
 def _body(event: RecordedEvent) -> str:
@@ -92,9 +135,12 @@ def _body(event: RecordedEvent) -> str:
 
 
 def _schedule(delivery: WebhookDelivery, *, delay: float | None) -> uuid.UUID:
-    return dispatch(
+    """A new run for the delivery, due after ``delay`` (the caller saves the delivery)."""
+    run_id = dispatch(
         DELIVER_TASK, {"delivery_id": delivery.pk}, tenant=delivery.tenant_id, delay=delay
     )
+    delivery.schedule(run_id=run_id, due_at=timezone.now() + timedelta(seconds=delay or 0))
+    return run_id
 
 
 # --- one attempt --------------------------------------------------------------------------
@@ -104,10 +150,11 @@ class Outcome(StrEnum):
     DELIVERED = "delivered"
     RETRYING = "retrying"
     FAILED = "failed"
-    # Not attempted: another run's business, the endpoint gone, or a slow receiver's turn.
+    # Not attempted: another run's business, the endpoint disabled, or a slow receiver's turn.
     STALE = "stale"
-    CANCELED = "canceled"
+    HELD = "held"
     DEFERRED = "deferred"
+    # Attempted and failed, and parked behind its endpoint's probe.
     PARKED = "parked"
 
 
@@ -128,17 +175,29 @@ def delivery_attempt(*, delivery_id: int, run_id: uuid.UUID) -> Outcome:
     if isinstance(request, Outcome):
         return request
     started_at = timezone.now()
-    headers = {
-        "Content-Type": "application/json",
-        "User-Agent": "HubDomMed-Webhooks/1",
-        **signed_headers(
-            message_id=request.message_id,
-            body=request.body,
-            secrets_in_use=request.secrets,
-            at=started_at,
-        ),
-    }
-    answer = transport.post(request.url, request.body.encode(), headers)
+    try:
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": "HubDomMed-Webhooks/1",
+            **signed_headers(
+                message_id=request.message_id,
+                body=request.body,
+                secrets_in_use=request.secrets,
+                at=started_at,
+            ),
+        }
+        answer = transport.post(request.url, request.body.encode(), headers)
+    except Exception as exc:
+        # Building or sending the request failed in a way the transport does not name (a
+        # secret that cannot sign, a header that cannot be encoded): the delivery's failure,
+        # recorded and retried like a receiver's, never the task's (whose retries would end
+        # in the dead-letter queue with the delivery left pending).
+        logger.exception("webhook %s attempt %d raised", request.message_id, request.number)
+        answer = transport.Answer(
+            None,
+            int((timezone.now() - started_at).total_seconds() * 1000),
+            f"{type(exc).__name__}: {exc}",
+        )
     return _record(request, run_id, started_at, answer)
 
 
@@ -154,22 +213,10 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
     endpoint = WebhookEndpoint.objects.get(pk=delivery.endpoint_id)
     now = timezone.now()
     if not endpoint.is_active:
-        _finish(delivery, DeliveryStatus.FAILED, now, error="endpoint disabled")
-        delivery.save()
-        return Outcome.CANCELED
-    if (
-        endpoint.failing_since is not None
-        and delivery.attempts == 0
-        and delivery.created_at <= endpoint.failing_since
-    ):
-        # Scheduled before its endpoint began to fail: its first attempt would most likely
-        # fail too (and hold a slot until it timed out). It waits for the endpoint's next
-        # success, which the retries are there to find, like the deliveries born since
-        # (parked from the start; one running now was taken up on purpose).
-        delivery.scheduled_run_id = None
-        delivery.next_attempt_at = None
-        delivery.save(update_fields=["scheduled_run_id", "next_attempt_at"])
-        return Outcome.PARKED
+        # Held for the endpoint's enable (or its bound, WEBHOOK_HELD_MAX_AGE_SECONDS).
+        delivery.park()
+        delivery.save(update_fields=["scheduled_run_id", "next_attempt_at", "attempt_started_at"])
+        return Outcome.HELD
     wait = _wait(endpoint, delivery, now)
     if wait is None and not endpoint.answers_fast:
         # One attempt at a time: the endpoint's row is the token. Another delivery holding it
@@ -182,11 +229,10 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
         )
         wait = settings.WEBHOOK_DEFER_SECONDS if locked is None else _wait(locked, delivery, now)
     if wait is not None:
-        delivery.scheduled_run_id = _schedule(delivery, delay=wait)
-        delivery.next_attempt_at = now + timedelta(seconds=wait)
+        _schedule(delivery, delay=wait)
         delivery.save(update_fields=["scheduled_run_id", "next_attempt_at"])
         return Outcome.DEFERRED
-    delivery.attempt_started_at = now
+    delivery.begin_attempt(now=now)
     delivery.save(update_fields=["attempt_started_at"])
     return _Request(
         delivery_id=delivery.pk,
@@ -202,13 +248,12 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
 def _wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -> float | None:
     """Seconds this attempt must wait, not counted as an attempt (None: go ahead).
 
-    (A failing endpoint's new deliveries do not get here: they are parked until it answers.)
     A receiver whose last attempt was delivered fast takes as many attempts at once as the
     workers have slots, until one of them runs past WEBHOOK_SLOW_SECONDS. Any other
     receiver (new, slow, failing) takes one at a time. So a receiver that never answers
     holds one worker slot, and every other tenant's deliveries keep the rest.
     """
-    budget = timedelta(seconds=settings.WEBHOOK_TIMEOUT + 5)
+    budget = _attempt_budget()
     in_flight = WebhookDelivery.objects.filter(
         endpoint_id=endpoint.pk,
         # An attempt older than the request's whole budget died with its worker.
@@ -232,6 +277,10 @@ def _wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -
     return settings.WEBHOOK_DEFER_SECONDS
 
 
+def _attempt_budget() -> timedelta:
+    return timedelta(seconds=settings.WEBHOOK_TIMEOUT + 5)
+
+
 def _record(
     request: _Request, run_id: uuid.UUID, started_at: datetime, answer: transport.Answer
 ) -> Outcome:
@@ -253,35 +302,23 @@ def _record(
             error=answer.error[:EXCERPT_CHARS],
             response_excerpt=answer.excerpt[:EXCERPT_CHARS],
         )
-        delivery.attempts = request.number
-        delivery.attempt_started_at = None
-        delivery.last_status_code = answer.status_code
-        delivery.last_latency_ms = answer.latency_ms
-        delivery.last_error = answer.error[:EXCERPT_CHARS]
-
+        delivery.record_attempt(
+            number=request.number,
+            status_code=answer.status_code,
+            latency_ms=answer.latency_ms,
+            error=answer.error[:EXCERPT_CHARS],
+        )
         outcome = _classify(answer)
         endpoint.answers_fast = (
             outcome is Outcome.DELIVERED
             and answer.latency_ms < settings.WEBHOOK_SLOW_SECONDS * 1000
         )
         if outcome is Outcome.DELIVERED:
-            _finish(delivery, DeliveryStatus.DELIVERED, now)
+            delivery.deliver(now=now)
             endpoint.failing_since = None
-            _unpark(endpoint, UNPARK_BATCH)
+            _unpark(endpoint, UNPARK_BATCH, delay=None)
         else:
-            if outcome is Outcome.RETRYING:
-                delay = _retry_delay(request.number, answer)
-                if delay is None:
-                    outcome = Outcome.FAILED
-                else:
-                    delivery.scheduled_run_id = _schedule(delivery, delay=delay)
-                    delivery.next_attempt_at = now + timedelta(seconds=delay)
-            if outcome is Outcome.FAILED:
-                _finish(delivery, DeliveryStatus.FAILED, now)
-                # The next parked delivery becomes the one whose attempts look for the
-                # endpoint's recovery.
-                _unpark(endpoint, 1)
-            _endpoint_failed(endpoint, now, answer)
+            outcome = _after_failure(endpoint, delivery, now, answer, outcome)
         delivery.save()
         if _health(endpoint) != health_before:
             # Written only when it changed: a healthy receiver's attempts write no endpoint row.
@@ -296,6 +333,55 @@ def _record(
         answer.latency_ms,
     )
     return outcome
+
+
+def _after_failure(
+    endpoint: WebhookEndpoint,
+    delivery: WebhookDelivery,
+    now: datetime,
+    answer: transport.Answer,
+    outcome: Outcome,
+) -> Outcome:
+    """Retry, park or fail the delivery, and keep its endpoint with exactly one probe on
+    its way while it has parked deliveries. Under the endpoint's row lock, so that two
+    outcomes of the same endpoint decide one after the other."""
+    began_failing = endpoint.failing_since is None
+    _endpoint_failed(endpoint, now, answer)
+    if began_failing:
+        # The endpoint's other deliveries waiting for a run (not in flight) are parked: the
+        # attempts of a failing receiver would each hold a worker slot until they time out.
+        _park_scheduled(endpoint, except_pk=delivery.pk)
+    delay = _retry_delay(delivery, endpoint, now, answer) if outcome is Outcome.RETRYING else None
+    if outcome is Outcome.RETRYING and delay is None:
+        outcome = Outcome.FAILED  # its schedule is spent
+    if not endpoint.is_active:
+        # Disabled by this failure: held for its enable, as the others are.
+        if outcome is Outcome.FAILED:
+            delivery.fail(now=now)
+        else:
+            delivery.park()
+        return outcome
+    probe_on_its_way = _has_scheduled(endpoint, except_pk=delivery.pk)
+    if outcome is Outcome.FAILED:
+        delivery.fail(now=now)
+        if not probe_on_its_way:
+            # The next parked delivery becomes the one whose attempts look for the
+            # endpoint's recovery, at the probe's pace.
+            _unpark(endpoint, 1, delay=probe_interval(endpoint, now))
+        return outcome
+    if probe_on_its_way:
+        # Another delivery probes the endpoint already: this one waits with the parked.
+        delivery.park()
+        return Outcome.PARKED
+    _schedule(delivery, delay=delay)
+    return outcome
+
+
+def probe_interval(endpoint: WebhookEndpoint, now: datetime) -> float:
+    """Seconds between a failing endpoint's probes: a share of how long it has failed, at
+    least a second, at most WEBHOOK_PROBE_MAX_SECONDS."""
+    failing_for = (now - (endpoint.failing_since or now)).total_seconds()
+    return min(settings.WEBHOOK_PROBE_MAX_SECONDS, max(1.0, PROBE_SHARE * failing_for))
 
 
 _HEALTH_FIELDS = [
@@ -325,50 +411,79 @@ def _classify(answer: transport.Answer) -> Outcome:
     return Outcome.FAILED
 
 
-def _retry_delay(attempt_number: int, answer: transport.Answer) -> float | None:
-    """Seconds before the next attempt, or None when the schedule is spent."""
+def _retry_delay(
+    delivery: WebhookDelivery, endpoint: WebhookEndpoint, now: datetime, answer: transport.Answer
+) -> float | None:
+    """Seconds before the next attempt, or None when the schedule is spent.
+
+    The schedule is spent once the delivery made an attempt per delay of it and has been
+    trying for at least the schedule's span: a probe, which comes back sooner than its
+    schedule says (``probe_interval``), tries for as long as any other delivery, and
+    ``span / 1 s`` attempts at most.
+    """
     delays = settings.WEBHOOK_RETRY_DELAYS
-    if attempt_number > len(delays):
+    number = delivery.attempts
+    span = timedelta(seconds=sum(delays))
+    if number > len(delays) and now - delivery.created_at >= span:
         return None
-    delay = delays[attempt_number - 1]
+    delay = delays[min(number, len(delays)) - 1]
+    if endpoint.failing_since is not None:
+        delay = min(delay, probe_interval(endpoint, now))
     if answer.retry_after is not None:
         # The receiver's own Retry-After, when longer, within the longest step.
         delay = max(delay, min(answer.retry_after, max(delays)))
     return delay
 
 
-def _finish(
-    delivery: WebhookDelivery, status: DeliveryStatus, now: datetime, *, error: str = ""
-) -> None:
-    delivery.status = status
-    delivery.finished_at = now
-    delivery.next_attempt_at = None
-    delivery.scheduled_run_id = None
-    delivery.attempt_started_at = None
-    if error:
-        delivery.last_error = error
+def _has_scheduled(endpoint: WebhookEndpoint, *, except_pk: int) -> bool:
+    return (
+        WebhookDelivery.objects.filter(
+            endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=False
+        )
+        .exclude(pk=except_pk)
+        .exists()
+    )
 
 
-def _unpark(endpoint: WebhookEndpoint, limit: int) -> int:
-    """Schedule up to ``limit`` parked deliveries of the endpoint, oldest first, spread
-    over a moment so that they do not all arrive at once."""
+def _park_scheduled(endpoint: WebhookEndpoint, *, except_pk: int) -> None:
+    """Park the endpoint's scheduled deliveries with no attempt in flight (SKIP LOCKED: one
+    a worker holds is starting its attempt, and its outcome will park it)."""
+    waiting = list(
+        WebhookDelivery.objects.select_for_update(skip_locked=True)
+        .filter(
+            endpoint=endpoint,
+            status=DeliveryStatus.PENDING,
+            scheduled_run_id__isnull=False,
+            attempt_started_at__isnull=True,
+        )
+        .exclude(pk=except_pk)
+    )
+    for delivery in waiting:
+        delivery.park()
+    WebhookDelivery.objects.bulk_update(
+        waiting, ["scheduled_run_id", "next_attempt_at", "attempt_started_at"]
+    )
+
+
+def _unpark(endpoint: WebhookEndpoint, limit: int, *, delay: float | None = None) -> int:
+    """Schedule up to ``limit`` parked deliveries of the endpoint, oldest first, due after
+    ``delay``. They come at the pace the receiver takes them: the slow-receiver guard lets
+    a fast one take them at once and defers them for a slow one."""
     parked = list(
         WebhookDelivery.objects.select_for_update(skip_locked=True)
         .filter(endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=True)
         .order_by("id")[:limit]
     )
-    for position, delivery in enumerate(parked):
-        delay = position * UNPARK_SPACING
-        delivery.scheduled_run_id = _schedule(delivery, delay=delay or None)
-        delivery.next_attempt_at = timezone.now() + timedelta(seconds=delay)
+    for delivery in parked:
+        _schedule(delivery, delay=delay)
     WebhookDelivery.objects.bulk_update(parked, ["scheduled_run_id", "next_attempt_at"])
     return len(parked)
 
 
-def _cancel_parked(endpoint: WebhookEndpoint, now: datetime) -> None:
-    WebhookDelivery.objects.filter(
-        endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=True
-    ).update(status=DeliveryStatus.FAILED, finished_at=now, last_error="endpoint disabled")
+def deliveries_resume(endpoint: WebhookEndpoint) -> int:
+    """The endpoint was enabled, or its address changed: its parked or held deliveries are
+    taken up (a batch now; each success takes the next). The caller holds its row lock."""
+    return _unpark(endpoint, UNPARK_BATCH)
 
 
 def _endpoint_failed(endpoint: WebhookEndpoint, now: datetime, answer: transport.Answer) -> None:
@@ -387,5 +502,5 @@ def _endpoint_failed(endpoint: WebhookEndpoint, now: datetime, answer: transport
                 f"{endpoint.failing_since.isoformat(timespec='seconds')}; the last: {last}."
             )
         )
-        _cancel_parked(endpoint, now)
+        # Its pending deliveries are held: parked, each one's run finding it disabled.
         logger.warning("webhook endpoint %s disabled: %s", endpoint.pk, endpoint.disabled_reason)

@@ -6,10 +6,15 @@ request): each attempt is one run of the ``webhook.deliver`` task, and a retry i
 outbox row due after the retry delay. The retry schedule spans a day, past what the task
 runtime's own retries (five receives, minutes apart) are for: those stay for the hub's own
 failures (the database away), a receiver's failure is the delivery's business.
+
+A delivery's final states are ``DELIVERY_FINAL``; ``DELIVERY_WAYS_FORWARD`` says what moves
+each other state (docs/state-machines.md), and ``webhook.stranded`` is the monitor's check
+that no delivery is left without it.
 """
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -30,6 +35,29 @@ class DeliveryStatus(models.TextChoices):
     PENDING = "pending", "Pending"
     DELIVERED = "delivered", "Delivered"
     FAILED = "failed", "Failed"
+
+
+DELIVERY_FINAL = (DeliveryStatus.DELIVERED, DeliveryStatus.FAILED)
+
+# What moves a pending delivery, by the shape it is in. Nothing else may leave one there.
+DELIVERY_WAYS_FORWARD = {
+    "scheduled": (
+        "its queued webhook.deliver run (scheduled_run_id), due at next_attempt_at: the relay "
+        "sends it, a worker makes the attempt (a worker lost mid-attempt: the run's lease "
+        "brings the message back); the monitor's check schedules a new run for one overdue "
+        "long past its due time"
+    ),
+    "parked": (
+        "its active endpoint's probe: the one scheduled delivery of a failing endpoint, whose "
+        "success takes the parked ones up (UNPARK_BATCH per success, due at once) and whose "
+        "end hands the probe on to the oldest parked one; the monitor's check makes a probe "
+        "of the oldest when an endpoint has parked deliveries and none scheduled"
+    ),
+    "held": (
+        "parked while its endpoint is disabled: a manager's enable takes it up again; past "
+        "WEBHOOK_HELD_MAX_AGE_SECONDS the monitor's check fails it, with the reason"
+    ),
+}
 
 
 class WebhookEndpoint(models.Model):
@@ -148,7 +176,7 @@ class WebhookDelivery(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     # The outbox run that may make the next attempt: a run with another id is stale (a
     # duplicate, or superseded by a deferral) and does nothing. Null while pending: parked,
-    # a new delivery of a failing endpoint, waiting for the endpoint's next success.
+    # waiting for its failing endpoint's probe to succeed, or held while it is disabled.
     scheduled_run_id = models.UUIDField(null=True, blank=True)
     # Set while an attempt is in flight; the slow-receiver guard counts these.
     attempt_started_at = models.DateTimeField(null=True, blank=True)
@@ -182,6 +210,19 @@ class WebhookDelivery(models.Model):
                 condition=Q(status="pending", scheduled_run_id__isnull=True),
                 name="webhook_deliveries_parked_idx",
             ),
+            # A probe's search (the stranded check's, and the event listener's while its
+            # endpoint fails): an endpoint's scheduled deliveries.
+            models.Index(
+                fields=["endpoint"],
+                condition=Q(status="pending", scheduled_run_id__isnull=False),
+                name="webhook_deliveries_sched_idx",
+            ),
+            # The stranded check: scheduled deliveries long past their due time.
+            models.Index(
+                fields=["next_attempt_at"],
+                condition=Q(status="pending", scheduled_run_id__isnull=False),
+                name="webhook_deliveries_due_idx",
+            ),
             # The slow-receiver guard: an endpoint's attempts in flight.
             models.Index(
                 fields=["endpoint", "attempt_started_at"],
@@ -192,6 +233,78 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.message_id} {self.event_type} ({self.status})"
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in DELIVERY_FINAL
+
+    @property
+    def is_parked(self) -> bool:
+        return self.status == DeliveryStatus.PENDING and self.scheduled_run_id is None
+
+    # --- transitions ------------------------------------------------------------------
+    # Every one leaves ``pending`` (scheduled or parked) and enters the state it names; the
+    # caller holds the row's lock and saves it. ``pending`` is the only state with moves.
+
+    def schedule(self, *, run_id: uuid.UUID, due_at: datetime) -> None:
+        """pending (parked, or scheduled for another run) -> pending, scheduled for
+        ``run_id``: any other run of it becomes stale and does nothing."""
+        self._ensure_pending("scheduled")
+        self.scheduled_run_id = run_id
+        self.next_attempt_at = due_at
+
+    def park(self) -> None:
+        """pending, scheduled -> pending, parked (or held, its endpoint disabled): its run
+        becomes stale; its endpoint's probe (or enable) takes it up again."""
+        self._ensure_pending("parked")
+        self.scheduled_run_id = None
+        self.next_attempt_at = None
+        self.attempt_started_at = None
+
+    def begin_attempt(self, *, now: datetime) -> None:
+        """pending, scheduled -> pending, scheduled with an attempt in flight (counted by the
+        slow-receiver guard until it is recorded or its budget ends)."""
+        self._ensure_pending("attempted")
+        if self.scheduled_run_id is None:
+            raise Conflict("A parked delivery has no run to attempt it.", code="webhook_parked")
+        self.attempt_started_at = now
+
+    def record_attempt(
+        self, *, number: int, status_code: int | None, latency_ms: int, error: str
+    ) -> None:
+        """pending -> pending: what the attempt got; the caller then delivers, fails, parks
+        or schedules it."""
+        self._ensure_pending("attempted")
+        self.attempts = number
+        self.attempt_started_at = None
+        self.last_status_code = status_code
+        self.last_latency_ms = latency_ms
+        self.last_error = error
+
+    def deliver(self, *, now: datetime) -> None:
+        """pending -> delivered (final)."""
+        self._ensure_pending("delivered")
+        self._finish(DeliveryStatus.DELIVERED, now)
+
+    def fail(self, *, now: datetime, reason: str = "") -> None:
+        """pending -> failed (final), with ``reason`` when the last attempt does not say it."""
+        self._ensure_pending("failed")
+        self._finish(DeliveryStatus.FAILED, now)
+        if reason:
+            self.last_error = reason
+
+    def _finish(self, status: DeliveryStatus, now: datetime) -> None:
+        self.status = status
+        self.finished_at = now
+        self.next_attempt_at = None
+        self.scheduled_run_id = None
+        self.attempt_started_at = None
+
+    def _ensure_pending(self, what: str) -> None:
+        if self.status != DeliveryStatus.PENDING:
+            raise Conflict(
+                f"A {self.status} delivery cannot be {what}.", code="webhook_delivery_final"
+            )
 
 
 class WebhookAttempt(models.Model):

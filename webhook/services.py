@@ -16,7 +16,7 @@ from django.utils import timezone
 from common.errors import InvalidInput, NotFound
 from outbox.catalog import get_catalog
 from webhook import transport
-from webhook.delivery import UNPARK_BATCH, _cancel_parked, _unpark
+from webhook.delivery import deliveries_resume
 from webhook.models import WebhookEndpoint
 from webhook.signing import new_secret
 
@@ -95,7 +95,7 @@ def endpoint_update(
         # deliveries parked while it failed try the new one.
         endpoint.failing_since = None
         endpoint.answers_fast = False
-        _unpark(endpoint, UNPARK_BATCH)
+        deliveries_resume(endpoint)
     if "event_types" in data:
         endpoint.event_types = validated_event_types(data["event_types"])
     if "description" in data:
@@ -123,7 +123,7 @@ def endpoint_disable(
     endpoint = _locked(tenant, endpoint_id)
     endpoint.disable(reason=reason or "Disabled by a manager.")
     endpoint.save()
-    _cancel_parked(endpoint, endpoint.disabled_at)
+    # Its pending deliveries are held (parked) until it is enabled again.
     return endpoint
 
 
@@ -132,4 +132,5 @@ def endpoint_enable(*, tenant: Any, endpoint_id: int, actor: Any) -> WebhookEndp
     endpoint = _locked(tenant, endpoint_id)
     endpoint.enable()
     endpoint.save()
+    deliveries_resume(endpoint)
     return endpoint

@@ -172,12 +172,18 @@ def test_another_4xx_is_final(receiver, make_endpoint, tenant, code):
 def test_retries_stop_when_the_schedule_is_spent(receiver, make_endpoint, tenant, settings):
     endpoint = make_endpoint(receiver.url)
     receiver.default = Reply(status=503)
-    complete_a_job(tenant)
-    while run_due_attempts():
-        pass
+    start = timezone.now()
+    with time_machine.travel(start, tick=True) as traveller:
+        complete_a_job(tenant)
+        # Each attempt when its run is due (the schedule spans 7 s of the clock).
+        for step in range(20):
+            traveller.move_to(start + timedelta(seconds=4 * step))
+            if not run_due_attempts():
+                break
     delivery = WebhookDelivery.objects.get(endpoint=endpoint)
     assert delivery.status == WebhookDelivery.Status.FAILED
-    # The first attempt and one per delay of the schedule.
+    # The first attempt and one per delay of the schedule (the probe's pace is no shorter
+    # than the schedule's 1, 2, 4 s here).
     assert delivery.attempts == len(settings.WEBHOOK_RETRY_DELAYS) + 1
     assert len({r.headers["webhook-id"] for r in receiver.requests()}) == 1
 
@@ -302,11 +308,11 @@ def test_an_endpoint_failing_for_days_is_disabled_with_its_reason(
     assert endpoint.status == "disabled"
     assert "failed for 5 days" in endpoint.disabled_reason
     assert "HTTP 502" in endpoint.disabled_reason
-    # What was still pending for it ends instead of trying on.
+    # What was still pending for it is held for its enable, with no run trying on.
     run_due_attempts()
     delivery = WebhookDelivery.objects.get(endpoint=endpoint)
-    assert delivery.status == WebhookDelivery.Status.FAILED
-    assert delivery.last_error == "endpoint disabled"
+    assert delivery.status == WebhookDelivery.Status.PENDING
+    assert delivery.scheduled_run_id is None
     assert due_deliver_runs() == []
 
 
@@ -390,7 +396,7 @@ def test_a_failing_endpoints_new_deliveries_wait_for_its_next_success(
     assert set(WebhookDelivery.objects.values_list("status", flat=True)) == {"delivered"}
 
 
-def test_parked_deliveries_end_when_their_endpoint_is_disabled(
+def test_parked_deliveries_are_held_when_their_endpoint_is_disabled(
     receiver, make_endpoint, tenant, manager
 ):
     from webhook.services import endpoint_disable
@@ -402,7 +408,7 @@ def test_parked_deliveries_end_when_their_endpoint_is_disabled(
     complete_a_job(tenant)
     endpoint_disable(tenant=tenant, endpoint_id=endpoint.pk, actor=manager)
     parked = WebhookDelivery.objects.get(endpoint=endpoint, attempts=0)
-    assert parked.status == "failed" and parked.last_error == "endpoint disabled"
+    assert parked.status == "pending" and parked.scheduled_run_id is None
 
 
 def test_a_final_failure_hands_the_search_to_a_parked_delivery(
@@ -411,10 +417,13 @@ def test_a_final_failure_hands_the_search_to_a_parked_delivery(
     settings.WEBHOOK_RETRY_DELAYS = [1.0]
     endpoint = make_endpoint(receiver.url)
     receiver.default = Reply(status=503)
-    complete_a_job(tenant)
-    run_due_attempts()
-    complete_a_job(tenant)  # parked
-    run_due_attempts()  # the first delivery's last retry fails: the parked one is scheduled
+    start = timezone.now()
+    with time_machine.travel(start, tick=True) as traveller:
+        complete_a_job(tenant)
+        run_due_attempts()
+        complete_a_job(tenant)  # parked
+        traveller.move_to(start + timedelta(seconds=2))
+        run_due_attempts()  # the first delivery's last retry fails: the parked one is scheduled
     first, second = WebhookDelivery.objects.filter(endpoint=endpoint).order_by("id")
     assert first.status == "failed"
     assert second.scheduled_run_id is not None
