@@ -6,8 +6,12 @@ class WebhookConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from common.ways_forward import register_stranded_check
         from outbox.listeners import register_event_listener
         from webhook.delivery import deliveries_record
+        from webhook.stranded import deliveries_stranded
 
         # Every event of a tenant may become deliveries, in the event's own transaction.
         register_event_listener("webhook.deliveries", deliveries_record)
+        # The monitor's check that every pending delivery keeps a way forward.
+        register_stranded_check("webhook_deliveries", deliveries_stranded)
