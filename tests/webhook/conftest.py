@@ -20,6 +20,8 @@ class Received:
     path: str
     headers: dict[str, str]
     body: bytes
+    # The status the receiver answered it with (sent late, or never, for a slow reply).
+    answered: int = 0
 
 
 @dataclass
@@ -50,14 +52,13 @@ class Receiver:
             def do_POST(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length)
-                with receiver.lock:
-                    receiver.received.append(
-                        Received(self.path, {k.lower(): v for k, v in self.headers.items()}, body)
-                    )
                 try:
                     reply = receiver.replies.get_nowait()
                 except queue.Empty:
                     reply = receiver.default
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                with receiver.lock:
+                    receiver.received.append(Received(self.path, headers, body, reply.status))
                 if reply.delay:
                     receiver.release.wait(reply.delay)
                 try:
@@ -76,7 +77,10 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll: shutdown() at the end of each test returns at once.
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
 
     @property
     def url(self) -> str:
