@@ -131,6 +131,7 @@ class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
         "endpoint",
         "event_type",
         "status",
+        "way_forward",
         "attempts",
         "last_status_code",
         "last_latency_ms",
@@ -139,6 +140,19 @@ class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
     list_filter = ("status", "event_type")
     search_fields = ("message_id",)
     list_select_related = ("endpoint",)
+
+    @admin.display(description="Way forward")
+    def way_forward(self, obj: WebhookDelivery) -> str:
+        """What moves a pending delivery, so that a parked or held one is not taken for one
+        retrying (DELIVERY_WAYS_FORWARD)."""
+        if obj.is_final:
+            return "-"
+        if not obj.is_parked:
+            when = obj.next_attempt_at.isoformat(timespec="seconds") if obj.next_attempt_at else ""
+            return f"scheduled: attempt {obj.attempts + 1} due {when}".rstrip()
+        if not obj.endpoint.is_active:
+            return "held: its endpoint is disabled (enable it to resume)"
+        return "parked: waits for its endpoint's probe to succeed"
 
     def has_add_permission(self, request) -> bool:
         return False

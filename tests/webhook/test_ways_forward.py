@@ -215,3 +215,25 @@ def test_a_backlog_of_100_parked_deliveries_is_drained_within_seconds_of_the_ret
         relay.stop()
     assert drained_in < 10
     assert worker.error is None and relay.error is None
+
+
+@pytest.mark.django_db
+def test_the_admin_tells_a_parked_or_held_delivery_from_one_retrying(
+    client, platform_admin, receiver, make_endpoint, tenant, manager
+):
+    from webhook.services import endpoint_disable
+
+    endpoint = make_endpoint(receiver.url)
+    receiver.script(Reply(status=503))
+    complete_a_job(tenant)
+    run_due_attempts()  # retrying: the endpoint's probe
+    complete_a_job(tenant)  # parked behind it
+    client.force_login(platform_admin)
+
+    page = client.get("/admin/webhook/webhookdelivery/").content.decode()
+    assert "scheduled: attempt 2 due" in page
+    assert "parked: waits for its endpoint&#x27;s probe to succeed" in page
+
+    endpoint_disable(tenant=tenant, endpoint_id=endpoint.pk, actor=manager)
+    page = client.get("/admin/webhook/webhookdelivery/").content.decode()
+    assert page.count("held: its endpoint is disabled") == 1
