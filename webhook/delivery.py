@@ -358,9 +358,9 @@ def _after_failure(
         # Disabled by this failure: held for its enable, as the others are.
         if outcome is Outcome.FAILED:
             delivery.fail(now=now)
-        else:
-            delivery.park()
-        return outcome
+            return outcome
+        delivery.park()
+        return Outcome.HELD
     probe_on_its_way = _has_scheduled(endpoint, except_pk=delivery.pk)
     if outcome is Outcome.FAILED:
         delivery.fail(now=now)
