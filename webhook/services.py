@@ -28,6 +28,7 @@ from outbox.catalog import get_catalog
 from outbox.listeners import RecordedEvent
 from outbox.services import dispatch
 from webhook import transport
+from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhook.signing import new_message_id, new_secret, signed_headers
 
@@ -61,13 +62,23 @@ def validated_url(url: str) -> str:
 
 
 def validated_event_types(event_types: list[str]) -> list[str]:
+    """The event types, if each is one a tenant may subscribe to (``TENANT_EVENT_TYPES``)."""
+    allowed = ", ".join(TENANT_EVENT_TYPES)
     known = get_catalog().events
     unknown = sorted({name for name in event_types if name not in known})
     if unknown:
         raise InvalidInput(
-            f"Unknown event types: {', '.join(unknown)}.",
+            f"Unknown event types: {', '.join(unknown)}. Endpoints may subscribe to: {allowed}.",
             code="webhook_unknown_event_type",
             details={"event_types": [f"Not an event of the hub: {name}." for name in unknown]},
+        )
+    internal = sorted({name for name in event_types if name not in TENANT_EVENT_TYPES})
+    if internal:
+        raise InvalidInput(
+            f"Not an event endpoints may subscribe to: {', '.join(internal)} (the hub's own). "
+            f"Endpoints may subscribe to: {allowed}.",
+            code="webhook_event_type_not_allowed",
+            details={"event_types": [f"Not a tenant's event: {name}." for name in internal]},
         )
     if not event_types:
         raise InvalidInput(
@@ -160,7 +171,9 @@ def endpoint_enable(*, tenant: Any, endpoint_id: int, actor: Any) -> WebhookEndp
 def deliveries_record(event: RecordedEvent) -> list[int]:
     """One delivery per active endpoint of the event's tenant that wants it, with its first
     run, in the event's own transaction (the outbox calls this from ``publish``)."""
-    if event.tenant_id is None:
+    if event.tenant_id is None or event.type not in TENANT_EVENT_TYPES:
+        # The hub's own events (a task that failed) are not the tenant's, even for an
+        # endpoint whose row names one (written before the rule, or by hand).
         return []
     endpoints = list(
         WebhookEndpoint.objects.filter(

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
+from django.db import transaction
 from rest_framework.test import APIClient
 
+from outbox.catalog import get_catalog
+from outbox.models import Event
+from outbox.runs import run_failed
 from tests.factories import ManagerFactory, TenantFactory, UserFactory
 from tests.webhook.conftest import Reply, run_due_attempts
 from tests.webhook.test_delivery import complete_a_job
-from webhook.models import WebhookEndpoint
+from webhook.events import TENANT_EVENT_TYPES
+from webhook.models import WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
 
@@ -175,3 +182,69 @@ def test_members_cannot_manage_webhooks(tenant, receiver):
 
 def test_anonymous_callers_are_refused():
     assert APIClient().get("/api/v1/webhooks").status_code == 401
+
+
+# --- what a tenant may subscribe to -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("internal", ["TaskFailed", "WorkerRegistered", "AutomationCreated"])
+def test_the_hubs_own_events_cannot_be_subscribed(api, receiver, internal):
+    response = create(api, receiver.url, event_types=["JobCompleted", internal])
+
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "webhook_event_type_not_allowed"
+    assert internal in error["message"]
+    # The answer says what may be subscribed instead.
+    for allowed in TENANT_EVENT_TYPES:
+        assert allowed in error["message"]
+    assert error["details"]["event_types"]
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_an_update_cannot_subscribe_the_hubs_own_events_either(api, receiver):
+    created = create(api, receiver.url).json()
+    response = api.patch(
+        f"/api/v1/webhooks/{created['id']}", {"event_types": ["TaskFailed"]}, format="json"
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "webhook_event_type_not_allowed"
+    assert WebhookEndpoint.objects.get(pk=created["id"]).event_types == [
+        "JobCompleted",
+        "JobFailed",
+    ]
+
+
+def test_the_tenant_facing_events_are_events_of_the_catalog():
+    assert set(TENANT_EVENT_TYPES) <= get_catalog().events
+    assert "TaskFailed" not in TENANT_EVENT_TYPES
+
+
+@pytest.mark.parametrize("event_type", sorted(TENANT_EVENT_TYPES))
+def test_every_tenant_facing_event_can_be_subscribed(api, receiver, event_type):
+    assert create(api, receiver.url, event_types=[event_type]).status_code == 201
+
+
+def test_a_failed_task_of_the_tenant_never_becomes_a_delivery(api, receiver, tenant):
+    created = create(api, receiver.url).json()
+    # An endpoint written before the rule (or by hand) that names the hub's own event.
+    WebhookEndpoint.objects.filter(pk=created["id"]).update(
+        event_types=["JobCompleted", "TaskFailed"]
+    )
+
+    with transaction.atomic():
+        run_failed(
+            str(uuid.uuid4()),
+            task="machines.power_on",
+            queue="critical",
+            tenant=tenant,
+            error_type="EndpointConnectionError",
+            message='Could not connect to "https://ec2.sa-east-1.amazonaws.com/"',
+            receive_count=5,
+            actor="worker",
+        )
+
+    assert Event.objects.filter(type="TaskFailed", tenant_id=tenant.pk).exists()
+    assert not WebhookDelivery.objects.exists()
+    assert run_due_attempts() == 0
+    assert receiver.requests() == []
