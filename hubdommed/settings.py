@@ -416,6 +416,10 @@ WEBHOOK_SECRET_GRACE_SECONDS = env.int("WEBHOOK_SECRET_GRACE_SECONDS", default=8
 # longer than this marks it slow, and its other deliveries wait this long before trying again.
 WEBHOOK_SLOW_SECONDS = env.float("WEBHOOK_SLOW_SECONDS", default=1.0, minimum=0.05)
 WEBHOOK_DEFER_SECONDS = env.float("WEBHOOK_DEFER_SECONDS", default=2.0, minimum=0.05)
+# Active endpoints a tenant may have (disabled ones do not count); one more is refused.
+WEBHOOK_MAX_ENDPOINTS_PER_TENANT = env.int(
+    "WEBHOOK_MAX_ENDPOINTS_PER_TENANT", default=50, minimum=1
+)
 # CA bundle that verifies receivers' certificates (default: certifi's).
 WEBHOOK_CA_BUNDLE = env.str("WEBHOOK_CA_BUNDLE", default="")
 

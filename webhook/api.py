@@ -130,6 +130,10 @@ class EndpointsApi(GenericAPIView):
                 "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
                 "`webhook_event_type_not_allowed`."
             ),
+            409: _error(
+                "`endpoint_limit_reached` (the tenant has WEBHOOK_MAX_ENDPOINTS_PER_TENANT "
+                "active endpoints; `details.limit`)."
+            ),
         },
     )
     def post(self, request):
@@ -227,7 +231,11 @@ class EndpointEnableApi(APIView):
     @extend_schema(
         operation_id="webhooks_enable",
         request=None,
-        responses={200: EndpointOutput, 404: _NOT_FOUND, 409: _error("`webhook_active`.")},
+        responses={
+            200: EndpointOutput,
+            404: _NOT_FOUND,
+            409: _error("`webhook_active`, `endpoint_limit_reached`."),
+        },
     )
     def post(self, request, endpoint_id: int):
         endpoint = endpoint_enable(

@@ -18,10 +18,10 @@ from enum import StrEnum
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from common.errors import InvalidInput, NotFound
+from common.errors import Conflict, InvalidInput, NotFound
 from job.api.serializers import JobOutput
 from job.selectors import job_get
 from outbox.catalog import get_catalog
@@ -41,6 +41,8 @@ EXCERPT_CHARS = 1024
 # Parked deliveries taken up per success of their endpoint, and seconds between them.
 UNPARK_BATCH = 100
 UNPARK_SPACING = 0.05
+# The advisory lock's first key: a tenant's endpoint creations wait for each other under it.
+ENDPOINT_LOCK_NAMESPACE = 0x776868  # "whh"
 
 
 # --- endpoints ----------------------------------------------------------------------------
@@ -92,15 +94,41 @@ def validated_event_types(event_types: list[str]) -> list[str]:
 def endpoint_create(
     *, tenant: Any, url: str, event_types: list[str], description: str = "", actor: Any
 ) -> WebhookEndpoint:
-    """Register an endpoint; its ``secret`` is on the returned instance, shown once."""
+    """Register an endpoint; its ``secret`` is on the returned instance, shown once. A
+    tenant has at most ``WEBHOOK_MAX_ENDPOINTS_PER_TENANT`` active endpoints."""
+    url = validated_url(url)
+    event_types = validated_event_types(event_types)
+    tenant_id = getattr(tenant, "pk", tenant)
+    _hold_within_limit(tenant_id)
     return WebhookEndpoint.objects.create(
-        tenant_id=getattr(tenant, "pk", tenant),
-        url=validated_url(url),
-        event_types=validated_event_types(event_types),
+        tenant_id=tenant_id,
+        url=url,
+        event_types=event_types,
         description=description,
         secret=new_secret(),
         created_by=actor,
     )
+
+
+def _hold_within_limit(tenant_id: int) -> None:
+    """Serialize the tenant's creations and enablings until the transaction ends, and
+    refuse one past the limit. The lock makes the count and the write one step: two at
+    once cannot both take the last place. Every endpoint costs deliveries on each event
+    of the tenant, so disabled ones (which receive none) do not count."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(%s, %s)", [ENDPOINT_LOCK_NAMESPACE, tenant_id % 2**31]
+        )
+    limit = settings.WEBHOOK_MAX_ENDPOINTS_PER_TENANT
+    active = WebhookEndpoint.objects.filter(
+        tenant_id=tenant_id, status=WebhookEndpoint.Status.ACTIVE
+    )
+    if active.count() >= limit:
+        raise Conflict(
+            f"The tenant has {limit} active webhook endpoints, its limit: disable one first.",
+            code="endpoint_limit_reached",
+            details={"limit": limit},
+        )
 
 
 def _locked(tenant: Any, endpoint_id: int) -> WebhookEndpoint:
@@ -160,6 +188,9 @@ def endpoint_disable(
 @transaction.atomic
 def endpoint_enable(*, tenant: Any, endpoint_id: int, actor: Any) -> WebhookEndpoint:
     endpoint = _locked(tenant, endpoint_id)
+    if not endpoint.is_active:
+        # An active endpoint more: it counts against the limit as a new one would.
+        _hold_within_limit(endpoint.tenant_id)
     endpoint.enable()
     endpoint.save()
     return endpoint

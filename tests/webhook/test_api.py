@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from rest_framework.test import APIClient
 
+from common.errors import Conflict
 from outbox.catalog import get_catalog
 from outbox.models import Event
 from outbox.runs import run_failed
@@ -16,6 +18,7 @@ from tests.webhook.conftest import Reply, run_due_attempts
 from tests.webhook.test_delivery import complete_a_job
 from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import WebhookDelivery, WebhookEndpoint
+from webhook.services import endpoint_create, endpoint_enable
 
 pytestmark = pytest.mark.django_db
 
@@ -248,3 +251,82 @@ def test_a_failed_task_of_the_tenant_never_becomes_a_delivery(api, receiver, ten
     assert not WebhookDelivery.objects.exists()
     assert run_due_attempts() == 0
     assert receiver.requests() == []
+
+
+# --- the tenant's limit -----------------------------------------------------------------------
+
+
+def test_a_tenant_at_its_limit_of_endpoints_is_refused_until_it_disables_one(
+    api, receiver, settings
+):
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_TENANT = 3
+    first, *_ = [create(api, receiver.url).json() for _ in range(3)]
+
+    refused = create(api, receiver.url)
+    api.post(f"/api/v1/webhooks/{first['id']}/disable")
+    accepted = create(api, receiver.url)
+    # Enabling the disabled one again would be a fourth active endpoint.
+    enabled = api.post(f"/api/v1/webhooks/{first['id']}/enable")
+
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert error["code"] == "endpoint_limit_reached"
+    assert "3" in error["message"]
+    assert error["details"] == {"limit": 3}
+    assert accepted.status_code == 201
+    assert enabled.status_code == 409
+    assert enabled.json()["error"]["code"] == "endpoint_limit_reached"
+    assert WebhookEndpoint.objects.filter(status="active").count() == 3
+
+
+def test_another_tenants_endpoints_do_not_count(api, receiver, settings):
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_TENANT = 1
+    other = APIClient()
+    other.force_authenticate(ManagerFactory(tenant=TenantFactory()))
+    assert create(other, receiver.url).status_code == 201
+
+    assert create(api, receiver.url).status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("operation", ["create", "enable"])
+def test_creations_racing_for_the_last_place_never_pass_the_limit(
+    tenant, manager, settings, operation
+):
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_TENANT = 4
+    url = "http://127.0.0.1:9/hooks"
+    for _ in range(3):
+        endpoint_create(tenant=tenant, url=url, event_types=["JobCompleted"], actor=manager)
+    threads = 8
+    disabled = []
+    if operation == "enable":
+        for _ in range(threads):
+            endpoint = endpoint_create(
+                tenant=tenant, url=url, event_types=["JobCompleted"], actor=manager
+            )
+            WebhookEndpoint.objects.filter(pk=endpoint.pk).update(status="disabled")
+            disabled.append(endpoint.pk)
+    start = threading.Barrier(threads)
+    outcomes: list[str] = []
+
+    def take_the_last_place(position: int) -> None:
+        try:
+            start.wait(10)
+            if operation == "create":
+                endpoint_create(tenant=tenant, url=url, event_types=["JobCompleted"], actor=manager)
+            else:
+                endpoint_enable(tenant=tenant, endpoint_id=disabled[position], actor=manager)
+            outcomes.append("created")
+        except Conflict as refusal:
+            outcomes.append(refusal.code)
+        finally:
+            connection.close()
+
+    workers = [threading.Thread(target=take_the_last_place, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+
+    assert sorted(outcomes) == ["created"] + ["endpoint_limit_reached"] * 7
+    assert WebhookEndpoint.objects.filter(tenant=tenant, status="active").count() == 4
