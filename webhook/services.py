@@ -19,6 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from common.errors import Conflict, InvalidInput, NotFound
@@ -35,6 +36,7 @@ from webhook.signing import new_message_id, new_secret, signed_headers
 logger = logging.getLogger("hubdommed.webhook")
 
 DELIVER_TASK = "webhook.deliver"
+EXPIRE_SECRETS_TASK = "webhook.expire_secrets"
 URL_MAX_LENGTH = 2048
 # Characters of a receiver's answer kept with the attempt.
 EXCERPT_CHARS = 1024
@@ -167,10 +169,18 @@ def endpoint_update(
 def endpoint_rotate_secret(*, tenant: Any, endpoint_id: int, actor: Any) -> WebhookEndpoint:
     """A new secret (returned once); the old one keeps signing for the grace period."""
     endpoint = _locked(tenant, endpoint_id)
-    endpoint.rotate(
-        new_secret=new_secret(), grace=timedelta(seconds=settings.WEBHOOK_SECRET_GRACE_SECONDS)
-    )
+    grace = settings.WEBHOOK_SECRET_GRACE_SECONDS
+    endpoint.rotate(new_secret=new_secret(), grace=timedelta(seconds=grace))
     endpoint.save()
+    if endpoint.previous_secret:
+        # What erases the old secret when its grace ends: a run committed with the rotation,
+        # due a moment after the grace (the outbox keeps it however long the hub is down).
+        dispatch(
+            EXPIRE_SECRETS_TASK,
+            {"endpoint_id": endpoint.pk},
+            tenant=endpoint.tenant_id,
+            delay=grace + 1,
+        )
     return endpoint
 
 
@@ -194,6 +204,64 @@ def endpoint_enable(*, tenant: Any, endpoint_id: int, actor: Any) -> WebhookEndp
     endpoint.enable()
     endpoint.save()
     return endpoint
+
+
+# The endpoints one statement of the sweeps below reads and writes.
+SECRETS_BATCH = 500
+
+
+def endpoint_secrets_expire(*, endpoint_id: int | None = None, now: datetime | None = None) -> int:
+    """Erase the previous secrets whose grace has ended: the endpoint's (the
+    ``webhook.expire_secrets`` run its rotation dispatched), or every endpoint's (the
+    re-encryption command sweeps them all); returns how many. Such a secret signs nothing
+    any more (``signing_secrets``): erased, a copy of the database cannot give it away.
+    Rows another transaction holds (a rotation) are skipped: that rotation dispatched a
+    run of its own."""
+    now = now or timezone.now()
+    expired = (
+        WebhookEndpoint.objects.filter(
+            Q(previous_secret_expires_at__lte=now) | Q(previous_secret_expires_at__isnull=True)
+        )
+        .exclude(previous_secret="")
+        .only("id", "previous_secret", "previous_secret_expires_at")
+        .order_by("id")
+    )
+    if endpoint_id is not None:
+        expired = expired.filter(pk=endpoint_id)
+    erased = 0
+    while True:
+        with transaction.atomic():
+            endpoints = list(
+                expired.select_for_update(no_key=True, skip_locked=True)[:SECRETS_BATCH]
+            )
+            forgotten = [e for e in endpoints if e.forget_previous_secret(now=now)]
+            WebhookEndpoint.objects.bulk_update(
+                forgotten, ["previous_secret", "previous_secret_expires_at"]
+            )
+        erased += len(forgotten)
+        if len(endpoints) < SECRETS_BATCH:
+            return erased
+
+
+def endpoint_secrets_reencrypt() -> int:
+    """Encrypt every stored secret again under the first of WEBHOOK_SECRET_KEYS (after a
+    new key was put first); returns how many endpoints. Each batch is its own short
+    transaction, so deliveries and rotations go on meanwhile."""
+    done, last_id = 0, 0
+    while True:
+        with transaction.atomic():
+            endpoints = list(
+                WebhookEndpoint.objects.select_for_update(no_key=True)
+                .filter(pk__gt=last_id)
+                .only("id", "secret", "previous_secret")
+                .order_by("id")[:SECRETS_BATCH]
+            )
+            # Read through every key, written under the first one.
+            WebhookEndpoint.objects.bulk_update(endpoints, ["secret", "previous_secret"])
+        if not endpoints:
+            return done
+        done += len(endpoints)
+        last_id = endpoints[-1].pk
 
 
 # --- the event listener -------------------------------------------------------------------
