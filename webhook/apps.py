@@ -7,7 +7,7 @@ class WebhookConfig(AppConfig):
 
     def ready(self) -> None:
         from outbox.listeners import register_event_listener
-        from webhook.services import deliveries_record
+        from webhook.delivery import deliveries_record
 
         # Every event of a tenant may become deliveries, in the event's own transaction.
         register_event_listener("webhook.deliveries", deliveries_record)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from outbox.handlers import TaskMessage, task
 from outbox.task_errors import PermanentError
-from webhook.services import delivery_attempt, endpoint_secrets_expire
+from webhook.delivery import delivery_attempt
+from webhook.services import endpoint_secrets_expire
 
 
 @task("webhook.deliver")

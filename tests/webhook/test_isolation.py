@@ -14,8 +14,8 @@ from tests.polling import wait_until
 from tests.webhook.conftest import Reply, due_deliver_runs
 from tests.webhook.test_delivery import complete_a_job
 from tests.worker.conftest import BackgroundRelay, WorkerThread
+from webhook.delivery import Outcome, delivery_attempt
 from webhook.models import WebhookDelivery, WebhookEndpoint
-from webhook.services import Outcome, delivery_attempt
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
