@@ -97,15 +97,22 @@ def endpoint_create(
 def _hold_within_limit(tenant_id: int) -> None:
     """Serialize the tenant's creations and enablings until the transaction ends, and
     refuse one past the limit. The lock makes the count and the write one step: two at
-    once cannot both take the last place. Every endpoint costs deliveries on each event
-    of the tenant, so disabled ones (which receive none) do not count."""
+    once cannot both take the last place."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_advisory_xact_lock(%s, %s)", [ENDPOINT_LOCK_NAMESPACE, tenant_id % 2**31]
         )
+    endpoint_limit_check(tenant=tenant_id)
+
+
+def endpoint_limit_check(*, tenant: Any) -> None:
+    """Conflict when the tenant has WEBHOOK_MAX_ENDPOINTS_PER_TENANT active endpoints.
+    Every endpoint costs a delivery on each event of the tenant, so disabled ones (which
+    receive none) do not count. Alone, an early answer for a form; the creation checks
+    again under the lock."""
     limit = settings.WEBHOOK_MAX_ENDPOINTS_PER_TENANT
     active = WebhookEndpoint.objects.filter(
-        tenant_id=tenant_id, status=WebhookEndpoint.Status.ACTIVE
+        tenant_id=getattr(tenant, "pk", tenant), status=WebhookEndpoint.Status.ACTIVE
     )
     if active.count() >= limit:
         raise Conflict(
