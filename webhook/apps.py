@@ -6,8 +6,12 @@ class WebhookConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from common.ways_forward import register_stranded_check
         from outbox.listeners import register_event_listener
         from webhook.delivery import deliveries_record
+        from webhook.stranded_secrets import secrets_stranded
 
         # Every event of a tenant may become deliveries, in the event's own transaction.
         register_event_listener("webhook.deliveries", deliveries_record)
+        # A previous secret past its grace that its run did not erase.
+        register_stranded_check("webhook_secrets", secrets_stranded)

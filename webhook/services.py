@@ -199,13 +199,15 @@ def endpoint_enable(*, tenant: Any, endpoint_id: int, actor: Any) -> WebhookEndp
 SECRETS_BATCH = 500
 
 
-def endpoint_secrets_expire(*, endpoint_id: int | None = None, now: datetime | None = None) -> int:
-    """Erase the previous secrets whose grace has ended: the endpoint's (the
+def endpoint_secrets_expire(
+    *, endpoint_id: int | None = None, now: datetime | None = None, limit: int | None = None
+) -> list[int]:
+    """Erase the previous secrets whose grace ended by ``now``: the endpoint's (the
     ``webhook.expire_secrets`` run its rotation dispatched), or every endpoint's (the
-    re-encryption command sweeps them all); returns how many. Such a secret signs nothing
-    any more (``signing_secrets``): erased, a copy of the database cannot give it away.
-    Rows another transaction holds (a rotation) are skipped: that rotation dispatched a
-    run of its own."""
+    monitor's check, the re-encryption command), at most ``limit`` of them; returns the
+    endpoints' ids. Such a secret signs nothing any more (``signing_secrets``): erased, a
+    copy of the database cannot give it away. Rows another transaction holds (a rotation)
+    are skipped: that rotation dispatched a run of its own."""
     now = now or timezone.now()
     expired = (
         WebhookEndpoint.objects.filter(
@@ -217,18 +219,17 @@ def endpoint_secrets_expire(*, endpoint_id: int | None = None, now: datetime | N
     )
     if endpoint_id is not None:
         expired = expired.filter(pk=endpoint_id)
-    erased = 0
+    batch = min(limit, SECRETS_BATCH) if limit is not None else SECRETS_BATCH
+    erased: list[int] = []
     while True:
         with transaction.atomic():
-            endpoints = list(
-                expired.select_for_update(no_key=True, skip_locked=True)[:SECRETS_BATCH]
-            )
+            endpoints = list(expired.select_for_update(no_key=True, skip_locked=True)[:batch])
             forgotten = [e for e in endpoints if e.forget_previous_secret(now=now)]
             WebhookEndpoint.objects.bulk_update(
                 forgotten, ["previous_secret", "previous_secret_expires_at"]
             )
-        erased += len(forgotten)
-        if len(endpoints) < SECRETS_BATCH:
+        erased += [endpoint.pk for endpoint in forgotten]
+        if len(endpoints) < batch or (limit is not None and len(erased) >= limit):
             return erased
 
 

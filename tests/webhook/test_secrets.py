@@ -14,6 +14,7 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from common.ways_forward import stranded_checks
 from outbox.catalog import get_catalog
 from outbox.handlers import TaskMessage
 from outbox.models import OutboxMessage
@@ -23,6 +24,7 @@ from tests.webhook.test_delivery import complete_a_job
 from webhook.models import WebhookEndpoint
 from webhook.secret_box import UnreadableSecret
 from webhook.services import endpoint_rotate_secret
+from webhook.stranded_secrets import MARGIN, secrets_stranded
 from worker.registry import discover_handlers
 
 pytestmark = pytest.mark.django_db
@@ -285,3 +287,35 @@ def test_the_migration_encrypts_the_secrets_already_stored(tenant):
     # Past its grace already: erased, not encrypted.
     assert stored(past_grace)[1:] == ("", None)
     assert unseal(stored(past_grace)[0]) == plain
+
+
+# --- the monitor's check ----------------------------------------------------------------------
+
+
+def test_the_secrets_check_is_registered_for_the_monitor():
+    assert stranded_checks()["webhook_secrets"] is secrets_stranded
+
+
+def test_a_previous_secret_left_past_its_grace_is_erased_by_the_monitors_check(make_endpoint):
+    # Kept from before the expiry runs existed (or its run lost): nothing else would erase it.
+    left, just_expired, in_grace = (
+        make_endpoint(f"https://hooks.example.com/{n}") for n in range(3)
+    )
+    for endpoint in (left, just_expired, in_grace):
+        endpoint_rotate_secret(tenant=endpoint.tenant_id, endpoint_id=endpoint.pk, actor=None)
+    now = timezone.now()
+    WebhookEndpoint.objects.filter(pk=left.pk).update(
+        previous_secret_expires_at=now - MARGIN - timedelta(seconds=1)
+    )
+    # Its run may still be on its way through the maintenance queue.
+    WebhookEndpoint.objects.filter(pk=just_expired.pk).update(
+        previous_secret_expires_at=now - timedelta(seconds=1)
+    )
+
+    (repaired,) = secrets_stranded()
+
+    assert repaired.row == f"webhook endpoint {left.pk}"
+    assert repaired.action == "erased" and repaired.repaired
+    assert stored(left.pk)[1:] == ("", None)
+    assert stored(just_expired.pk)[1] != "" and stored(in_grace.pk)[1] != ""
+    assert secrets_stranded() == []

@@ -2,7 +2,9 @@
 
 The columns stay text; the rows written before this hold their secrets in plain text
 (``whsec_...``), and are encrypted here under the first of WEBHOOK_SECRET_KEYS, in batches.
-A previous secret whose grace has ended is erased on the way, not encrypted. Reversed, the
+A previous secret whose grace has ended is erased on the way, not encrypted;
+one still in its grace has no expiry run, and the monitor's ``webhook_secrets`` check erases
+it an hour after its grace. Reversed, the
 secrets are decrypted again.
 """
 

@@ -18,7 +18,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         # What needs no encrypting any more first: previous secrets past their grace.
-        erased = endpoint_secrets_expire()
+        erased = len(endpoint_secrets_expire())
         if erased:
             self.stdout.write(f"{erased} previous secrets past their grace erased")
         count = endpoint_secrets_reencrypt()
