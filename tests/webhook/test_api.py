@@ -330,3 +330,36 @@ def test_creations_racing_for_the_last_place_never_pass_the_limit(
 
     assert sorted(outcomes) == ["created"] + ["endpoint_limit_reached"] * 7
     assert WebhookEndpoint.objects.filter(tenant=tenant, status="active").count() == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_takes_the_hubs_own_events_off_endpoints_and_pending_deliveries(
+    api, receiver, tenant
+):
+    from django.db.migrations.executor import MigrationExecutor
+
+    mixed = create(api, receiver.url).json()
+    internal_only = create(api, receiver.url).json()
+    WebhookEndpoint.objects.filter(pk=mixed["id"]).update(
+        event_types=["JobCompleted", "TaskFailed"]
+    )
+    WebhookEndpoint.objects.filter(pk=internal_only["id"]).update(event_types=["TaskFailed"])
+    # A delivery of TaskFailed recorded before the rule, still pending, and one of a job.
+    complete_a_job(tenant)
+    leaked = WebhookDelivery.objects.filter(endpoint_id=mixed["id"]).get()
+    WebhookDelivery.objects.filter(pk=leaked.pk).update(event_type="TaskFailed")
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("webhook")
+    executor.migrate([("webhook", "0003_webhook_secrets_sealed")])
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(latest)
+
+    assert WebhookEndpoint.objects.get(pk=mixed["id"]).event_types == ["JobCompleted"]
+    disabled = WebhookEndpoint.objects.get(pk=internal_only["id"])
+    assert disabled.event_types == [] and disabled.status == "disabled"
+    assert "hub's own events" in disabled.disabled_reason
+    leaked.refresh_from_db()
+    assert leaked.status == "failed" and leaked.scheduled_run_id is None
+    run_due_attempts()
+    assert receiver.requests() == []
