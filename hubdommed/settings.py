@@ -420,9 +420,11 @@ WEBHOOK_DISABLE_AFTER_SECONDS = env.int(
 _DEV_WEBHOOK_SECRET_KEY = base64.urlsafe_b64encode(
     hashlib.sha256(b"hubdommed webhook secrets: development only, never production").digest()
 ).decode()
-WEBHOOK_SECRET_KEYS = env.list(
-    "WEBHOOK_SECRET_KEYS", default=[_DEV_WEBHOOK_SECRET_KEY] if DEBUG else []
-)
+WEBHOOK_SECRET_KEYS = [
+    key.strip()
+    for key in env.list("WEBHOOK_SECRET_KEYS", default=[_DEV_WEBHOOK_SECRET_KEY] if DEBUG else [])
+    if key.strip()
+]
 if not WEBHOOK_SECRET_KEYS:
     raise ImproperlyConfigured("WEBHOOK_SECRET_KEYS must be set when DEBUG is off")
 if not DEBUG and _DEV_WEBHOOK_SECRET_KEY in WEBHOOK_SECRET_KEYS:

@@ -240,7 +240,7 @@ def test_a_key_that_is_not_a_fernet_key_is_refused_at_start_up():
 
 
 def test_production_starts_with_real_keys():
-    keys = f"{Fernet.generate_key().decode()},{Fernet.generate_key().decode()}"
+    keys = f" {Fernet.generate_key().decode()} , {Fernet.generate_key().decode()} "
     result = start(production(WEBHOOK_SECRET_KEYS=keys))
     assert result.returncode == 0, result.stderr
 
