@@ -16,7 +16,9 @@ RUN mkdir -p hubdommed && touch hubdommed/__init__.py \
 
 COPY . .
 RUN pip install --no-deps . \
-    && DEBUG=false SECRET_KEY=build-only-not-a-secret python manage.py collectstatic --no-input \
+    && DEBUG=false SECRET_KEY=build-only-not-a-secret \
+       WEBHOOK_SECRET_KEYS=YnVpbGQtb25seS1ub3QtYS1zZWNyZXQtMDEyMzQ1Njc= \
+       python manage.py collectstatic --no-input \
     && useradd --system --uid 10001 --home /app hubdommed \
     && chown -R hubdommed /app/var
 

@@ -5,11 +5,14 @@ Redis and RabbitMQ on 127.0.0.1). A bad value stops the process at start-up
 with a message naming the variable; see ``common.env``.
 """
 
+import base64
+import hashlib
 import re
 from datetime import timedelta
 from pathlib import Path
 
 import environ
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 from common.env import Env
@@ -410,8 +413,40 @@ if max(WEBHOOK_RETRY_DELAYS) > OUTBOX_MAX_DELAY_SECONDS:
 WEBHOOK_DISABLE_AFTER_SECONDS = env.int(
     "WEBHOOK_DISABLE_AFTER_SECONDS", default=5 * 24 * 3600, minimum=60
 )
+# Keys that encrypt webhook signing secrets at rest (Fernet keys: 32 bytes, URL-safe base64;
+# `python -c "from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())"`),
+# comma-separated: the first encrypts, every one decrypts, so that the key can rotate
+# (docs/OPERATIONS.md). As with SECRET_KEY, a development key exists only in DEBUG.
+_DEV_WEBHOOK_SECRET_KEY = base64.urlsafe_b64encode(
+    hashlib.sha256(b"hubdommed webhook secrets: development only, never production").digest()
+).decode()
+WEBHOOK_SECRET_KEYS = [
+    key.strip()
+    for key in env.list("WEBHOOK_SECRET_KEYS", default=[_DEV_WEBHOOK_SECRET_KEY] if DEBUG else [])
+    if key.strip()
+]
+if not WEBHOOK_SECRET_KEYS:
+    raise ImproperlyConfigured("WEBHOOK_SECRET_KEYS must be set when DEBUG is off")
+if not DEBUG and _DEV_WEBHOOK_SECRET_KEY in WEBHOOK_SECRET_KEYS:
+    raise ImproperlyConfigured(
+        "WEBHOOK_SECRET_KEYS holds the development key; set real keys (DEBUG is off)"
+    )
+for _position, _key in enumerate(WEBHOOK_SECRET_KEYS, start=1):
+    try:
+        Fernet(_key)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"WEBHOOK_SECRET_KEYS: key {_position} is not a Fernet key "
+            "(32 bytes in URL-safe base64)"
+        ) from None
 # After a rotation the old secret keeps signing too for this long (24 hours).
 WEBHOOK_SECRET_GRACE_SECONDS = env.int("WEBHOOK_SECRET_GRACE_SECONDS", default=86400, minimum=0)
+# The run that erases the old secret when the grace ends is a delayed outbox run: it must fit.
+if WEBHOOK_SECRET_GRACE_SECONDS + 1 > OUTBOX_MAX_DELAY_SECONDS:
+    raise ImproperlyConfigured(
+        "WEBHOOK_SECRET_GRACE_SECONDS is longer than OUTBOX_MAX_DELAY_SECONDS "
+        f"({OUTBOX_MAX_DELAY_SECONDS})"
+    )
 # A slow or failing receiver gets one attempt in flight at a time: an attempt running for
 # longer than this marks it slow, and its other deliveries wait this long before trying again.
 WEBHOOK_SLOW_SECONDS = env.float("WEBHOOK_SLOW_SECONDS", default=1.0, minimum=0.05)
@@ -424,6 +459,10 @@ WEBHOOK_PROBE_MAX_SECONDS = env.float("WEBHOOK_PROBE_MAX_SECONDS", default=30.0,
 # when the event happened); then they end failed, with the reason.
 WEBHOOK_HELD_MAX_AGE_SECONDS = env.int(
     "WEBHOOK_HELD_MAX_AGE_SECONDS", default=7 * 24 * 3600, minimum=60
+)
+# Active endpoints a tenant may have (disabled ones do not count); one more is refused.
+WEBHOOK_MAX_ENDPOINTS_PER_TENANT = env.int(
+    "WEBHOOK_MAX_ENDPOINTS_PER_TENANT", default=50, minimum=1
 )
 # CA bundle that verifies receivers' certificates (default: certifi's).
 WEBHOOK_CA_BUNDLE = env.str("WEBHOOK_CA_BUNDLE", default="")

@@ -13,6 +13,7 @@ from webhook.services import (
     endpoint_create,
     endpoint_disable,
     endpoint_enable,
+    endpoint_limit_check,
     endpoint_rotate_secret,
     endpoint_update,
     validated_event_types,
@@ -38,6 +39,13 @@ class EndpointAdminForm(forms.ModelForm):
     def clean_event_types(self) -> list[str]:
         names = [name.strip() for name in self.cleaned_data["event_types"].split(",")]
         return _as_form_error(validated_event_types, [name for name in names if name])
+
+    def clean(self):
+        cleaned = super().clean()
+        if not self.instance.pk and cleaned.get("tenant") is not None:
+            # The tenant's limit, as a form error (the creation checks again, under its lock).
+            _as_form_error(lambda tenant: endpoint_limit_check(tenant=tenant), cleaned["tenant"])
+        return cleaned
 
 
 def _as_form_error(check, value):

@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 from common.api import NeverDeleted, NewestFirstCursorPagination, validated
 from common.schema import ErrorSerializer
 from identity.permissions import IsTenantManager
+from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import WebhookEndpoint
 from webhook.selectors import attempts_of, delivery_list, endpoint_get, endpoint_list
 from webhook.services import (
@@ -66,7 +67,7 @@ class EndpointCreateInput(serializers.Serializer):
         child=serializers.CharField(max_length=100),
         min_length=1,
         max_length=100,
-        help_text="Event names of the hub, e.g. JobStarted, JobCompleted, JobFailed.",
+        help_text="Events of the tenant's jobs: " + ", ".join(TENANT_EVENT_TYPES) + ".",
     )
     description = serializers.CharField(required=False, allow_blank=True, max_length=500)
 
@@ -125,7 +126,14 @@ class EndpointsApi(GenericAPIView):
         request=EndpointCreateInput,
         responses={
             201: EndpointWithSecretOutput,
-            400: _error("`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`."),
+            400: _error(
+                "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
+                "`webhook_event_type_not_allowed`."
+            ),
+            409: _error(
+                "`endpoint_limit_reached` (the tenant has WEBHOOK_MAX_ENDPOINTS_PER_TENANT "
+                "active endpoints; `details.limit`)."
+            ),
         },
     )
     def post(self, request):
@@ -152,7 +160,10 @@ class EndpointDetailApi(NeverDeleted, APIView):
         request=EndpointUpdateInput,
         responses={
             200: EndpointOutput,
-            400: _error("`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`."),
+            400: _error(
+                "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
+                "`webhook_event_type_not_allowed`."
+            ),
             404: _NOT_FOUND,
         },
     )
@@ -220,7 +231,11 @@ class EndpointEnableApi(APIView):
     @extend_schema(
         operation_id="webhooks_enable",
         request=None,
-        responses={200: EndpointOutput, 404: _NOT_FOUND, 409: _error("`webhook_active`.")},
+        responses={
+            200: EndpointOutput,
+            404: _NOT_FOUND,
+            409: _error("`webhook_active`, `endpoint_limit_reached`."),
+        },
     )
     def post(self, request, endpoint_id: int):
         endpoint = endpoint_enable(

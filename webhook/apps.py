@@ -10,8 +10,11 @@ class WebhookConfig(AppConfig):
         from outbox.listeners import register_event_listener
         from webhook.delivery import deliveries_record
         from webhook.stranded import deliveries_stranded
+        from webhook.stranded_secrets import secrets_stranded
 
         # Every event of a tenant may become deliveries, in the event's own transaction.
         register_event_listener("webhook.deliveries", deliveries_record)
         # The monitor's check that every pending delivery keeps a way forward.
         register_stranded_check("webhook_deliveries", deliveries_stranded)
+        # A previous secret past its grace that its run did not erase.
+        register_stranded_check("webhook_secrets", secrets_stranded)

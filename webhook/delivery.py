@@ -37,6 +37,7 @@ from job.selectors import job_get
 from outbox.listeners import RecordedEvent
 from outbox.services import dispatch
 from webhook import transport
+from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhook.signing import new_message_id, signed_headers
 
@@ -58,7 +59,9 @@ def deliveries_record(event: RecordedEvent) -> list[int]:
     """One delivery per active endpoint of the event's tenant that wants it, with its first
     run, in the event's own transaction (the outbox calls this from ``publish``); parked
     instead for an endpoint that is failing and has its probe on the way."""
-    if event.tenant_id is None:
+    if event.tenant_id is None or event.type not in TENANT_EVENT_TYPES:
+        # The hub's own events (a task that failed) are not the tenant's, even for an
+        # endpoint whose row names one (written before the rule, or by hand).
         return []
     endpoints = list(
         WebhookEndpoint.objects.filter(

@@ -24,6 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.errors import Conflict
+from webhook.secret_box import SealedTextField
 
 
 class EndpointStatus(models.TextChoices):
@@ -68,12 +69,14 @@ class WebhookEndpoint(models.Model):
     url = models.TextField()
     description = models.TextField(blank=True, default="")
     event_types = ArrayField(models.TextField())
-    # The signing secret (whsec_ + base64): the hub signs with it, so it is kept as it is,
-    # and shown to people only when it is made (creation, rotation).
-    secret = models.TextField()
+    # The signing secret (whsec_ + base64): the hub signs with it, so it must read it back;
+    # the column holds it encrypted under WEBHOOK_SECRET_KEYS (webhook.secret_box). Shown to
+    # people only when it is made (creation, rotation).
+    secret = SealedTextField()
     # After a rotation the old secret keeps signing too (a second signature in the header)
-    # until this time, so that receivers can switch without losing a delivery.
-    previous_secret = models.TextField(blank=True, default="")
+    # until this time, so that receivers can switch without losing a delivery; then it is
+    # erased (``forget_previous_secret``, by the webhook.expire_secrets sweep).
+    previous_secret = SealedTextField(blank=True, default="")
     previous_secret_expires_at = models.DateTimeField(null=True, blank=True)
     status = models.TextField(choices=EndpointStatus.choices, default=EndpointStatus.ACTIVE)
     disabled_reason = models.TextField(blank=True, default="")
@@ -129,10 +132,25 @@ class WebhookEndpoint(models.Model):
     def rotate(self, *, new_secret: str, grace: timedelta) -> None:
         self._ensure_active("rotated")
         now = timezone.now()
-        self.previous_secret = self.secret
-        self.previous_secret_expires_at = now + grace if grace > timedelta(0) else None
+        if grace > timedelta(0):
+            self.previous_secret = self.secret
+            self.previous_secret_expires_at = now + grace
+        else:
+            # No grace: the old secret signs nothing more, so it is not kept at all.
+            self.previous_secret = ""
+            self.previous_secret_expires_at = None
         self.secret = new_secret
         self.updated_at = now
+
+    def forget_previous_secret(self, *, now: datetime) -> bool:
+        """Erase the old secret once its grace has ended; whether there was one to erase."""
+        if not self.previous_secret or (
+            self.previous_secret_expires_at is not None and now < self.previous_secret_expires_at
+        ):
+            return False
+        self.previous_secret = ""
+        self.previous_secret_expires_at = None
+        return True
 
     def disable(self, *, reason: str) -> None:
         if not self.is_active:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from outbox.handlers import TaskMessage, task
 from outbox.task_errors import PermanentError
 from webhook.delivery import delivery_attempt
+from webhook.services import endpoint_secrets_expire
 
 
 @task("webhook.deliver")
@@ -15,3 +16,13 @@ def deliver(message: TaskMessage) -> None:
     if not isinstance(delivery_id, int) or isinstance(delivery_id, bool):
         raise PermanentError("the payload names no delivery_id")
     delivery_attempt(delivery_id=delivery_id, run_id=message.run_id)
+
+
+@task("webhook.expire_secrets")
+def expire_secrets(message: TaskMessage) -> None:
+    # Due when the grace of the endpoint's rotation ends; a later rotation's grace keeps
+    # its own previous secret, and its own run erases it.
+    endpoint_id = message.payload.get("endpoint_id")
+    if not isinstance(endpoint_id, int) or isinstance(endpoint_id, bool):
+        raise PermanentError("the payload names no endpoint_id")
+    endpoint_secrets_expire(endpoint_id=endpoint_id)

@@ -13,6 +13,8 @@ bound, so a receiver costs a worker slot for seconds at most.
 from __future__ import annotations
 
 import ipaddress
+import logging
+import re
 import socket
 import ssl
 import time
@@ -20,10 +22,18 @@ from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
 import certifi
+import idna
 import urllib3
 from django.conf import settings
-from urllib3.exceptions import HTTPError, NewConnectionError
+from urllib3.exceptions import (
+    ConnectTimeoutError,
+    HTTPError,
+    NewConnectionError,
+    ProtocolError,
+    ReadTimeoutError,
+)
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
+from urllib3.util.ssl_match_hostname import CertificateError as CertificateNameError
 
 # The cloud metadata services: never reachable, whatever the settings allow.
 METADATA_NETWORKS = (
@@ -31,16 +41,41 @@ METADATA_NETWORKS = (
     ipaddress.ip_network("fd00:ec2::/32"),  # AWS over IPv6
     ipaddress.ip_network("fe80::/10"),
 )
-# NAT64 embeds an IPv4 address in the last 32 bits: 64:ff9b::7f00:1 is 127.0.0.1.
-NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# Not globally reachable by IANA's special-purpose registries, yet ``is_global`` in the
+# ipaddress of Python 3.11 (its tables are older than these entries).
+NOT_GLOBAL_NETWORKS = (
+    ipaddress.ip_network("192.0.0.0/24"),  # IETF protocol assignments
+    ipaddress.ip_network("fec0::/10"),  # site-local: deprecated, still routed inside some sites
+    ipaddress.ip_network("3fff::/20"),  # documentation (RFC 9637)
+    ipaddress.ip_network("5f00::/16"),  # segment routing SIDs (RFC 9602)
+)
+# NAT64 embeds an IPv4 address in the last 32 bits: 64:ff9b::7f00:1 is 127.0.0.1 (the
+# well-known prefix, and the local-use one of RFC 8215).
+NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+# IPv4-compatible addresses (deprecated): ::7f00:1 is 127.0.0.1.
+IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 
 REDIRECTS = (301, 302, 303, 307, 308)
 # Only these keep the method and the body: a webhook is never turned into a GET.
 FOLLOWED_REDIRECTS = (307, 308)
+# What the tenant reads in a delivery's error when its host is refused: the resolver's
+# answer (the hub's view of its own network) goes to the hub's log only.
+NOT_PUBLIC = "the address is not public"
+UNRESOLVED = "the name did not resolve"
+
+logger = logging.getLogger("hubdommed.webhook")
 
 
 class RefusedAddress(Exception):
     """The URL's host is, or resolves to, an address deliveries may not reach."""
+
+
+class Unresolved(ConnectionError):
+    """The URL's host did not resolve (retried: a name may resolve again)."""
+
+
+class InvalidHost(ValueError):
+    """The URL's host is no name or address a resolver would read one way."""
 
 
 @dataclass(frozen=True)
@@ -57,7 +92,87 @@ class Answer:
     timed_out: bool = False
 
 
+# --- the host ---------------------------------------------------------------------------------
+
+# A label of a name in its ASCII form: letters, digits, hyphens (and the underscore that
+# service names such as _dmarc carry; DNS has no objection to it).
+_ASCII_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?")
+_NUMBER = re.compile(r"0[xX][0-9a-fA-F]*|[0-9]+")
+
+
+def canonical_host(host: str) -> str:
+    """The one form of ``host`` that the hub decides on and connects to; InvalidHost if
+    a resolver could read it in more ways than one, or not at all.
+
+    A URL's host may be written many ways that name the same place: ``127.1``,
+    ``2130706433`` and ``0x7f000001`` are all 127.0.0.1 to ``inet_aton`` (and so to
+    ``getaddrinfo``); full-width digits and dots, upper case and a trailing dot are folded
+    by IDNA's UTS-46 mapping; a Unicode name travels as its A-label (``xn--...``). So the
+    guard decides on what the connection will use, here, at registration and at delivery
+    alike. IPv4 is read the way WHATWG's URL standard reads it (a host whose last label is
+    a number is an IPv4 address or nothing), which is also every form ``inet_aton`` takes.
+    Names go through the ``idna`` package (IDNA 2008 with UTS-46), not the standard
+    library's codec: that one implements IDNA 2003, which maps some names (``ß``, ``ς``)
+    to another name than browsers and registries do.
+    """
+    if ":" in host:
+        try:
+            return str(ipaddress.IPv6Address(host))
+        except ValueError as exc:
+            raise InvalidHost(f"not a valid IPv6 address: {exc}") from None
+    try:
+        mapped = idna.uts46_remap(host, std3_rules=False, transitional=False)
+    except idna.IDNAError as exc:
+        raise InvalidHost(f"not a valid host name: {exc}") from None
+    mapped = mapped.removesuffix(".")
+    labels = mapped.split(".")
+    if _NUMBER.fullmatch(labels[-1]):
+        return str(_ipv4(labels))
+    if len(mapped) > 253:
+        raise InvalidHost("the host name is longer than 253 characters")
+    return ".".join(_a_label(label) for label in labels)
+
+
+def _ipv4(parts: list[str]) -> ipaddress.IPv4Address:
+    """An IPv4 address in any form inet_aton takes: 1 to 4 parts, each decimal, octal
+    (a leading 0) or hexadecimal (0x); the last part fills the bytes the others left."""
+    if len(parts) > 4:
+        raise InvalidHost("not a valid IPv4 address: more than 4 parts")
+    numbers = []
+    for part in parts:
+        if not _NUMBER.fullmatch(part):
+            raise InvalidHost(f"not a valid IPv4 address: {part!r} is not a number")
+        if part[:2].lower() == "0x":
+            numbers.append(int(part[2:] or "0", 16))
+        elif len(part) > 1 and part.startswith("0"):
+            try:
+                numbers.append(int(part, 8))
+            except ValueError:
+                raise InvalidHost(f"not a valid IPv4 address: {part!r} is not octal") from None
+        else:
+            numbers.append(int(part))
+    *leading, last = numbers
+    if any(number > 255 for number in leading) or last >= 256 ** (5 - len(numbers)):
+        raise InvalidHost("not a valid IPv4 address: a part is out of range")
+    value = last
+    for position, number in enumerate(leading):
+        value += number << (8 * (3 - position))
+    return ipaddress.IPv4Address(value)
+
+
+def _a_label(label: str) -> str:
+    if label.isascii() and not label.startswith("xn--"):
+        if not _ASCII_LABEL.fullmatch(label):
+            raise InvalidHost(f"not a valid host name: the label {label!r}")
+        return label
+    try:
+        return idna.alabel(label).decode("ascii")
+    except (idna.IDNAError, UnicodeError) as exc:
+        raise InvalidHost(f"not a valid host name: {exc}") from None
+
+
 def address_allowed(address: str, *, allow_private: bool) -> bool:
+    """Whether a delivery may connect to ``address`` (an IP address in any form)."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     embedded = _embedded_ipv4(ip)
     if embedded is not None:
@@ -66,6 +181,8 @@ def address_allowed(address: str, *, allow_private: bool) -> bool:
         return False
     if ip.is_multicast or ip.is_unspecified:
         return False
+    if any(ip in network for network in NOT_GLOBAL_NETWORKS if network.version == ip.version):
+        return allow_private
     return (ip.is_global and not ip.is_reserved) or allow_private
 
 
@@ -78,7 +195,9 @@ def _embedded_ipv4(ip: ipaddress.IPv4Address | ipaddress.IPv6Address):
         return ip.sixtofour
     if ip.teredo is not None:
         return ip.teredo[1]
-    if ip in NAT64:
+    if any(ip in network for network in NAT64) or (
+        ip in IPV4_COMPATIBLE and int(ip) > 1  # (not :: nor ::1, which are themselves)
+    ):
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return None
 
@@ -88,53 +207,106 @@ def allowed_schemes() -> tuple[str, ...]:
     return ("https", "http") if settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES else ("https",)
 
 
-def check_url(url: str) -> str | None:
-    """Why ``url`` cannot be an endpoint (None: it can, as far as can be told without DNS)."""
+@dataclass(frozen=True)
+class Target:
+    """Where one request goes: the URL's parts with its host in canonical form."""
+
+    scheme: str
+    host: str  # canonical: an A-label name, or an address
+    port: int
+    # The Host header: the canonical host, and the port when the URL names one.
+    authority: str
+    path: str
+    is_address: bool
+
+
+def target_of(url: str) -> Target:
+    """The checked target of ``url``; RefusedAddress says why there is none. One function
+    for registration and delivery, so both decide on the same canonical host."""
+    allow_private = settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        return f"not a valid URL: {exc}"
+        raise RefusedAddress(f"not a valid URL: {exc}") from None
     if parts.scheme not in allowed_schemes():
-        return f"the URL must use {' or '.join(allowed_schemes())}"
+        raise RefusedAddress(f"the URL must use {' or '.join(allowed_schemes())}")
     if not parts.hostname:
-        return "the URL has no host"
+        raise RefusedAddress("the URL has no host")
     if parts.username is not None or parts.password is not None:
-        return "the URL may not carry credentials"
+        raise RefusedAddress("the URL may not carry credentials")
     if parts.fragment:
-        return "the URL may not have a fragment"
+        raise RefusedAddress("the URL may not have a fragment")
     if port == 0:
-        return "the URL's port is invalid"
-    host = parts.hostname
+        raise RefusedAddress("the URL's port is invalid")
+    try:
+        host = canonical_host(parts.hostname)
+    except InvalidHost as exc:
+        raise RefusedAddress(f"the URL's host is invalid: {exc}") from None
     try:
         ipaddress.ip_address(host)
+        is_address = True
     except ValueError:
-        if (
-            host == "localhost" or host.endswith(".localhost")
-        ) and not settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES:
-            return "the URL's host is not a public address"
-        return None
-    if not address_allowed(host, allow_private=settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES):
-        return "the URL's host is not a public address"
+        is_address = False
+    if is_address:
+        if not address_allowed(host, allow_private=allow_private):
+            raise RefusedAddress("the URL's host is not a public address")
+    elif (host == "localhost" or host.endswith(".localhost")) and not allow_private:
+        raise RefusedAddress("the URL's host is not a public address")
+    authority = f"[{host}]" if ":" in host else host
+    if port is not None:
+        authority = f"{authority}:{port}"
+    path = parts.path or "/"
+    if parts.query:
+        path = f"{path}?{parts.query}"
+    return Target(
+        scheme=parts.scheme,
+        host=host,
+        port=port or (443 if parts.scheme == "https" else 80),
+        authority=authority,
+        path=path,
+        is_address=is_address,
+    )
+
+
+def check_url(url: str) -> str | None:
+    """Why ``url`` cannot be an endpoint (None: it can, as far as can be told without DNS)."""
+    try:
+        target_of(url)
+    except RefusedAddress as exc:
+        return str(exc)
     return None
 
 
 def resolve(host: str, port: int) -> str:
-    """The first address of ``host`` a delivery may reach; RefusedAddress if none."""
+    """The first address of ``host`` (canonical) a delivery may reach; RefusedAddress if
+    none, Unresolved if the name has no address. Their messages are the tenant's to read;
+    what the resolver answered is logged for the operators."""
     allow_private = settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
-        raise ConnectionError(f"could not resolve {host}: {exc}") from None
+        logger.warning("webhook host %s did not resolve: %s", host, exc)
+        raise Unresolved(UNRESOLVED) from None
     addresses = [info[4][0] for info in infos]
     for address in addresses:
         if address_allowed(address, allow_private=allow_private):
             return address
-    raise RefusedAddress(f"{host} resolves to no public address ({', '.join(addresses)})")
+    logger.warning(
+        "webhook host %s refused: it resolves to no public address (%s)",
+        host,
+        ", ".join(addresses),
+    )
+    raise RefusedAddress(NOT_PUBLIC)
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
-    """POST ``body`` to ``url``: checked addresses only, short timeouts, a bounded read."""
+    """POST ``body`` to ``url``: checked addresses only, short timeouts, a bounded read.
+
+    An error is told in the tenant's terms (the receiver refused the connection, did not
+    answer in time, showed a certificate for another name): never what the hub's resolver
+    answered nor the address it connected to, which the hub's log keeps.
+    """
     started = time.monotonic()
     deadline = started + settings.WEBHOOK_TIMEOUT
 
@@ -156,26 +328,65 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
             return Answer(status, elapsed_ms(), error, excerpt, retry_after)
     except RefusedAddress as exc:
         return Answer(None, elapsed_ms(), f"refused: {exc}", refused=True)
-    except NewConnectionError as exc:
-        # (a subclass of urllib3's timeout error, for old reasons: a refusal is not a timeout)
+    except Unresolved as exc:
         return Answer(None, elapsed_ms(), f"connection error: {exc}")
-    except (Urllib3Timeout, TimeoutError) as exc:
-        return Answer(None, elapsed_ms(), f"timeout: {exc}", timed_out=True)
-    except (HTTPError, OSError, ConnectionError, ssl.SSLError) as exc:
-        return Answer(None, elapsed_ms(), f"connection error: {type(exc).__name__}: {exc}")
+    except (HTTPError, OSError, ssl.SSLError) as exc:
+        logger.info("webhook POST to %s failed: %s: %s", url, type(exc).__name__, exc)
+        error, timed_out = _described(exc)
+        return Answer(None, elapsed_ms(), error, timed_out=timed_out)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _described(exc: BaseException) -> tuple[str, bool]:
+    """The tenant's reading of a failed request, and whether it was a timeout. urllib3's
+    own messages name the pool's host, which is the address connected to: not used."""
+    if isinstance(exc, NewConnectionError):
+        # (a subclass of urllib3's timeout error, for old reasons: a refusal is not a timeout)
+        cause = _in_chain(exc, OSError)
+        reason = getattr(cause, "strerror", None) or "the receiver could not be reached"
+        return f"connection error: could not connect: {reason}", False
+    if isinstance(exc, ConnectTimeoutError):
+        return f"timeout: no connection within {settings.WEBHOOK_CONNECT_TIMEOUT:g} s", True
+    if isinstance(exc, ReadTimeoutError):
+        return f"timeout: no answer within {settings.WEBHOOK_READ_TIMEOUT:g} s", True
+    if isinstance(exc, Urllib3Timeout | TimeoutError):
+        return f"timeout: the request took longer than {settings.WEBHOOK_TIMEOUT:g} s", True
+    certificate = _in_chain(exc, ssl.SSLCertVerificationError)
+    if certificate is not None:
+        why = certificate.verify_message or "it could not be verified"
+        return f"connection error: the receiver's certificate was refused: {why}", False
+    mismatch = _in_chain(exc, CertificateNameError)
+    if mismatch is not None:
+        # Names only: the URL's (in its A-label form) and the certificate's.
+        return f"connection error: the receiver's certificate was refused: {mismatch}", False
+    if _in_chain(exc, ssl.SSLError) is not None:
+        return "connection error: the TLS handshake failed", False
+    if isinstance(exc, ProtocolError):
+        return "connection error: the connection closed before an answer", False
+    return "connection error: the request failed", False
+
+
+def _in_chain(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """The first exception of ``kind`` among ``exc``, its causes and arguments."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return current
+        pending.extend(arg for arg in current.args if isinstance(arg, BaseException))
+        pending.extend(link for link in (current.__cause__, current.__context__) if link)
+    return None
 
 
 def _post_once(
     url: str, body: bytes, headers: dict[str, str], deadline: float
 ) -> tuple[int, str, str, float | None]:
-    parts = urlsplit(url)
-    reason = check_url(url)
-    if reason:
-        raise RefusedAddress(reason)
-    host = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    address = resolve(host, port)
+    target = target_of(url)
+    address = target.host if target.is_address else resolve(target.host, target.port)
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise TimeoutError("no time left for the request")
@@ -183,30 +394,27 @@ def _post_once(
         connect=min(settings.WEBHOOK_CONNECT_TIMEOUT, remaining),
         read=min(settings.WEBHOOK_READ_TIMEOUT, remaining),
     )
-    host_header = parts.netloc.rsplit("@", 1)[-1]
     pool_args = {"timeout": timeout, "retries": False, "maxsize": 1, "block": False}
-    if parts.scheme == "https":
-        # Connected to the checked address; the name still drives SNI and the certificate.
+    if target.scheme == "https":
+        # Connected to the checked address; the name, in its A-label form, still drives
+        # SNI and the certificate check.
         pool = urllib3.HTTPSConnectionPool(
             address,
-            port,
-            server_hostname=host,
-            assert_hostname=host,
+            target.port,
+            server_hostname=target.host,
+            assert_hostname=target.host,
             cert_reqs="CERT_REQUIRED",
             ca_certs=settings.WEBHOOK_CA_BUNDLE or certifi.where(),
             **pool_args,
         )
     else:
-        pool = urllib3.HTTPConnectionPool(address, port, **pool_args)
-    path = parts.path or "/"
-    if parts.query:
-        path = f"{path}?{parts.query}"
+        pool = urllib3.HTTPConnectionPool(address, target.port, **pool_args)
     try:
         response = pool.urlopen(
             "POST",
-            path,
+            target.path,
             body=body,
-            headers={**headers, "Host": host_header},
+            headers={**headers, "Host": target.authority},
             redirect=False,
             preload_content=False,
             assert_same_host=False,

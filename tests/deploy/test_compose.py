@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 import subprocess
@@ -102,6 +103,7 @@ def production_environment() -> dict[str, str]:
     env.update(
         DEBUG="false",
         SECRET_KEY=secrets.token_urlsafe(50),
+        WEBHOOK_SECRET_KEYS=base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
         ALLOWED_HOSTS="hub.example.com,api",
         CSRF_TRUSTED_ORIGINS="https://hub.example.com",
         TRUST_X_FORWARDED_PROTO="true",

@@ -81,3 +81,19 @@ def test_deliveries_are_read_only(admin_site, make_endpoint, receiver, tenant):
     page = admin_site.get(f"/admin/webhook/webhookdelivery/{delivery.pk}/change/")
     assert page.status_code == 200
     assert admin_site.get("/admin/webhook/webhookdelivery/add/").status_code == 403
+
+
+def test_an_endpoint_past_the_tenants_limit_is_a_form_error(
+    admin_site, tenant, receiver, make_endpoint, settings
+):
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_TENANT = 1
+    make_endpoint(receiver.url)
+
+    response = admin_site.post(
+        f"{ENDPOINTS}add/",
+        {"tenant": tenant.pk, "url": receiver.url, "event_types": "JobCompleted"},
+    )
+
+    assert response.status_code == 200  # the form again, with the reason
+    assert "its limit" in response.content.decode()
+    assert WebhookEndpoint.objects.count() == 1

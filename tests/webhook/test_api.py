@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import threading
+import uuid
+
 import pytest
+from django.db import connection, transaction
 from rest_framework.test import APIClient
 
+from common.errors import Conflict
+from outbox.catalog import get_catalog
+from outbox.models import Event
+from outbox.runs import run_failed
 from tests.factories import ManagerFactory, TenantFactory, UserFactory
 from tests.webhook.conftest import Reply, run_due_attempts
 from tests.webhook.test_delivery import complete_a_job
-from webhook.models import WebhookEndpoint
+from webhook.events import TENANT_EVENT_TYPES
+from webhook.models import WebhookDelivery, WebhookEndpoint
+from webhook.services import endpoint_create, endpoint_enable
 
 pytestmark = pytest.mark.django_db
 
@@ -175,3 +185,181 @@ def test_members_cannot_manage_webhooks(tenant, receiver):
 
 def test_anonymous_callers_are_refused():
     assert APIClient().get("/api/v1/webhooks").status_code == 401
+
+
+# --- what a tenant may subscribe to -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("internal", ["TaskFailed", "WorkerRegistered", "AutomationCreated"])
+def test_the_hubs_own_events_cannot_be_subscribed(api, receiver, internal):
+    response = create(api, receiver.url, event_types=["JobCompleted", internal])
+
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "webhook_event_type_not_allowed"
+    assert internal in error["message"]
+    # The answer says what may be subscribed instead.
+    for allowed in TENANT_EVENT_TYPES:
+        assert allowed in error["message"]
+    assert error["details"]["event_types"]
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_an_update_cannot_subscribe_the_hubs_own_events_either(api, receiver):
+    created = create(api, receiver.url).json()
+    response = api.patch(
+        f"/api/v1/webhooks/{created['id']}", {"event_types": ["TaskFailed"]}, format="json"
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "webhook_event_type_not_allowed"
+    assert WebhookEndpoint.objects.get(pk=created["id"]).event_types == [
+        "JobCompleted",
+        "JobFailed",
+    ]
+
+
+def test_the_tenant_facing_events_are_events_of_the_catalog():
+    assert set(TENANT_EVENT_TYPES) <= get_catalog().events
+    assert "TaskFailed" not in TENANT_EVENT_TYPES
+
+
+@pytest.mark.parametrize("event_type", sorted(TENANT_EVENT_TYPES))
+def test_every_tenant_facing_event_can_be_subscribed(api, receiver, event_type):
+    assert create(api, receiver.url, event_types=[event_type]).status_code == 201
+
+
+def test_a_failed_task_of_the_tenant_never_becomes_a_delivery(api, receiver, tenant):
+    created = create(api, receiver.url).json()
+    # An endpoint written before the rule (or by hand) that names the hub's own event.
+    WebhookEndpoint.objects.filter(pk=created["id"]).update(
+        event_types=["JobCompleted", "TaskFailed"]
+    )
+
+    with transaction.atomic():
+        run_failed(
+            str(uuid.uuid4()),
+            task="machines.power_on",
+            queue="critical",
+            tenant=tenant,
+            error_type="EndpointConnectionError",
+            message='Could not connect to "https://ec2.sa-east-1.amazonaws.com/"',
+            receive_count=5,
+            actor="worker",
+        )
+
+    assert Event.objects.filter(type="TaskFailed", tenant_id=tenant.pk).exists()
+    assert not WebhookDelivery.objects.exists()
+    assert run_due_attempts() == 0
+    assert receiver.requests() == []
+
+
+# --- the tenant's limit -----------------------------------------------------------------------
+
+
+def test_a_tenant_at_its_limit_of_endpoints_is_refused_until_it_disables_one(
+    api, receiver, settings
+):
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_TENANT = 3
+    first, *_ = [create(api, receiver.url).json() for _ in range(3)]
+
+    refused = create(api, receiver.url)
+    api.post(f"/api/v1/webhooks/{first['id']}/disable")
+    accepted = create(api, receiver.url)
+    # Enabling the disabled one again would be a fourth active endpoint.
+    enabled = api.post(f"/api/v1/webhooks/{first['id']}/enable")
+
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert error["code"] == "endpoint_limit_reached"
+    assert "3" in error["message"]
+    assert error["details"] == {"limit": 3}
+    assert accepted.status_code == 201
+    assert enabled.status_code == 409
+    assert enabled.json()["error"]["code"] == "endpoint_limit_reached"
+    assert WebhookEndpoint.objects.filter(status="active").count() == 3
+
+
+def test_another_tenants_endpoints_do_not_count(api, receiver, settings):
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_TENANT = 1
+    other = APIClient()
+    other.force_authenticate(ManagerFactory(tenant=TenantFactory()))
+    assert create(other, receiver.url).status_code == 201
+
+    assert create(api, receiver.url).status_code == 201
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("operation", ["create", "enable"])
+def test_creations_racing_for_the_last_place_never_pass_the_limit(
+    tenant, manager, settings, operation
+):
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_TENANT = 4
+    url = "http://127.0.0.1:9/hooks"
+    for _ in range(3):
+        endpoint_create(tenant=tenant, url=url, event_types=["JobCompleted"], actor=manager)
+    threads = 8
+    disabled = []
+    if operation == "enable":
+        for _ in range(threads):
+            endpoint = endpoint_create(
+                tenant=tenant, url=url, event_types=["JobCompleted"], actor=manager
+            )
+            WebhookEndpoint.objects.filter(pk=endpoint.pk).update(status="disabled")
+            disabled.append(endpoint.pk)
+    start = threading.Barrier(threads)
+    outcomes: list[str] = []
+
+    def take_the_last_place(position: int) -> None:
+        try:
+            start.wait(10)
+            if operation == "create":
+                endpoint_create(tenant=tenant, url=url, event_types=["JobCompleted"], actor=manager)
+            else:
+                endpoint_enable(tenant=tenant, endpoint_id=disabled[position], actor=manager)
+            outcomes.append("created")
+        except Conflict as refusal:
+            outcomes.append(refusal.code)
+        finally:
+            connection.close()
+
+    workers = [threading.Thread(target=take_the_last_place, args=(n,)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+
+    assert sorted(outcomes) == ["created"] + ["endpoint_limit_reached"] * 7
+    assert WebhookEndpoint.objects.filter(tenant=tenant, status="active").count() == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migration_takes_the_hubs_own_events_off_endpoints_and_pending_deliveries(
+    api, receiver, tenant
+):
+    from django.db.migrations.executor import MigrationExecutor
+
+    mixed = create(api, receiver.url).json()
+    internal_only = create(api, receiver.url).json()
+    WebhookEndpoint.objects.filter(pk=mixed["id"]).update(
+        event_types=["JobCompleted", "TaskFailed"]
+    )
+    WebhookEndpoint.objects.filter(pk=internal_only["id"]).update(event_types=["TaskFailed"])
+    # A delivery of TaskFailed recorded before the rule, still pending, and one of a job.
+    complete_a_job(tenant)
+    leaked = WebhookDelivery.objects.filter(endpoint_id=mixed["id"]).get()
+    WebhookDelivery.objects.filter(pk=leaked.pk).update(event_type="TaskFailed")
+    executor = MigrationExecutor(connection)
+    latest = executor.loader.graph.leaf_nodes("webhook")
+    executor.migrate([("webhook", "0003_webhook_secrets_sealed")])
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate(latest)
+
+    assert WebhookEndpoint.objects.get(pk=mixed["id"]).event_types == ["JobCompleted"]
+    disabled = WebhookEndpoint.objects.get(pk=internal_only["id"])
+    assert disabled.event_types == [] and disabled.status == "disabled"
+    assert "hub's own events" in disabled.disabled_reason
+    leaked.refresh_from_db()
+    assert leaked.status == "failed" and leaked.scheduled_run_id is None
+    run_due_attempts()
+    assert receiver.requests() == []
