@@ -43,6 +43,14 @@ from automation.machines.services import machines_stop_idle
 from common.context import log_context
 from common.metrics import Heartbeat, serve_metrics
 from common.ways_forward import Repaired, stranded_checks
+from job.monitor import (
+    Settlement,
+    job_settle_lost,
+    jobs_renew_leases_after_outage,
+    jobs_resend_power_on,
+    jobs_restart_silent_workers,
+    monitor_cycle_ended,
+)
 from job.monitor_metrics import (
     MONITOR_CYCLES,
     MONITOR_JOBS,
@@ -51,14 +59,6 @@ from job.monitor_metrics import (
     STRANDED_UNREPAIRED,
 )
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
-from job.services import (
-    Settlement,
-    job_settle_lost,
-    jobs_renew_leases_after_outage,
-    jobs_resend_power_on,
-    jobs_restart_silent_workers,
-    monitor_cycle_ended,
-)
 from lifecycle.daemon import Daemon
 
 logger = logging.getLogger("hubdommed.monitor")
