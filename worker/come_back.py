@@ -17,7 +17,8 @@ import time
 from typing import Any
 
 from broker.consume import Consumer, Delivery
-from outbox.runs import Lease, RunLedger, rearm_outbox_row
+from outbox.rearm import rearm_outbox_row
+from outbox.runs import Lease, RunLedger
 
 # When the bookkeeping itself fails (the database is away), the message comes back after
 # this long, without counting as a failure of the task.
