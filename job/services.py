@@ -89,16 +89,7 @@ def job_create(
         if existing is not None:
             return _replayed(existing, automation_id=automation_id, params=params), False
 
-    automation = automation_get(automation_id)
-    if automation is None:
-        raise InvalidInput(
-            "There is no such automation.",
-            code="unknown_automation",
-            details={"automation": ["There is no such automation."]},
-        )
-    if not automation.is_active:
-        raise Conflict("The automation is inactive.", code="automation_inactive")
-    job_params_check(params, schema=automation.params_schema, automation_id=automation.id)
+    automation = job_automation_check(automation_id=automation_id, params=params)
 
     now = timezone.now()
     job = Job(
@@ -150,6 +141,23 @@ def _replayed(job: Job, *, automation_id: int, params: dict[str, Any]) -> Job:
             details={"job": job.pk},
         )
     return job
+
+
+def job_automation_check(*, automation_id: int, params: Any) -> Any:
+    """The automation jobs with these ``params`` would run, refused unless they can: it
+    exists (400), is active (409) and its parameter schema accepts them (400). Whoever
+    starts jobs checks here: a request now, a schedule when it is created or resumed."""
+    automation = automation_get(automation_id)
+    if automation is None:
+        raise InvalidInput(
+            "There is no such automation.",
+            code="unknown_automation",
+            details={"automation": ["There is no such automation."]},
+        )
+    if not automation.is_active:
+        raise Conflict("The automation is inactive.", code="automation_inactive")
+    job_params_check(params, schema=automation.params_schema, automation_id=automation.id)
+    return automation
 
 
 def job_params_check(params: Any, *, schema: dict[str, Any] | None, automation_id: int) -> None:
