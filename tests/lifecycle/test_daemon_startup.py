@@ -12,6 +12,7 @@ milliseconds): no Python handler can exist yet, so that window is the operating 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,7 +30,17 @@ DAEMONS = {
     "run_scheduler": ["run_scheduler", "--interval", "3600"],
     "watch_stuck_jobs": ["watch_stuck_jobs", "--interval", "3600"],
     "run_worker": ["run_worker", "--queues", "maintenance", "--concurrency", "1"],
+    # An automation's worker whose hub does not answer yet: it waits for it, and a stop
+    # then is as clean as any other.
+    "run_worker --automation": ["run_worker", "--automation", "nightly-report"],
 }
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
 
 # When the signal is sent: as soon as the process catches it, seconds after it was started,
 # or at its first line of output.
@@ -56,7 +67,12 @@ def test_a_sigterm_during_start_up_is_a_clean_exit_0(settings, daemon, moment):
         [sys.executable, "manage.py", *DAEMONS[daemon]],
         cwd=django_settings.BASE_DIR,
         env=process_environment(
-            settings, HUBDOMMED_RELAY="true", LOG_LEVEL="info", WORKER_STOP_BUDGET="5"
+            settings,
+            HUBDOMMED_RELAY="true",
+            LOG_LEVEL="info",
+            WORKER_STOP_BUDGET="5",
+            HUB_URL=f"http://127.0.0.1:{closed_port()}",
+            HUBDOMMED_WORKER_CREDENTIAL="a-credential-no-hub-will-check",
         ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
