@@ -6,6 +6,10 @@ import sys
 
 
 def main() -> None:
+    # Before anything slow: a daemon told to stop while it starts exits 0 (lifecycle.startup).
+    from lifecycle.startup import catch_stop_during_startup
+
+    catch_stop_during_startup(sys.argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hubdommed.settings")
     from django.core.management import execute_from_command_line
 

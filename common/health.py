@@ -62,7 +62,7 @@ def check_broker(timeout: float) -> None:
     if settings.BROKER == "rabbitmq":
         import pika
 
-        from broker.rabbitmq.publisher import connection_parameters
+        from broker.rabbitmq.connection import connection_parameters
 
         params = connection_parameters()
         params.socket_timeout = params.stack_timeout = timeout

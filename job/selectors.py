@@ -6,8 +6,73 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from job.models import Job, JobStatus
+
+# A job's public shape, in order: what the job API answers and a webhook's body carries.
+PUBLIC_FIELDS = (
+    "id",
+    "automation",
+    "status",
+    "params",
+    "requested_by",
+    "triggered_by",
+    "attempt",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "last_heartbeat_at",
+    "cancel_requested",
+    "cancel_requested_at",
+    "progress",
+    "result",
+    "error",
+    "failure_reason",
+    "exit_code",
+    "output_tail",
+    "updated_at",
+)
+
+
+def job_public(job: Job) -> dict[str, Any]:
+    """The job as the outside sees it, ready for JSON: the job API's body
+    (``job.api.serializers.JobOutput`` documents it) and the ``job`` of a webhook's.
+
+    Times in ISO 8601, UTC with a ``Z``; ids of the automation and the requester, not
+    objects; ``failure_reason`` null unless the job failed.
+    """
+    return {
+        "id": job.id,
+        "automation": job.automation_id,
+        "status": job.status,
+        "params": job.params,
+        "requested_by": job.requested_by_id,
+        "triggered_by": job.triggered_by,
+        "attempt": job.attempt,
+        "created_at": _time(job.created_at),
+        "started_at": _time(job.started_at),
+        "finished_at": _time(job.finished_at),
+        "last_heartbeat_at": _time(job.last_heartbeat_at),
+        "cancel_requested": job.cancel_requested,
+        "cancel_requested_at": _time(job.cancel_requested_at),
+        "progress": job.progress,
+        "result": job.result,
+        "error": job.error,
+        "failure_reason": job.failure_reason or None,
+        "exit_code": job.exit_code,
+        "output_tail": job.output_tail,
+        "updated_at": _time(job.updated_at),
+    }
+
+
+def _time(value: datetime | None) -> str | None:
+    # As the API has always written them (DRF's ISO 8601): in the current time zone
+    # (UTC), "+00:00" written "Z".
+    if value is None:
+        return None
+    text = timezone.localtime(value).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 def job_list(

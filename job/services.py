@@ -4,6 +4,8 @@ Every transition loads the job with its row locked, lets the aggregate check and
 change it, saves it and records the event on the tenant's outbox before the
 commit. The claim also takes the automation's claim lock first, so that the
 count of running jobs it compares with the limit cannot change under it.
+
+The hub's own rescue of stuck jobs (the monitor's sweeps) is ``job.monitor``.
 """
 
 from __future__ import annotations
@@ -11,34 +13,27 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from datetime import datetime, timedelta
-from enum import StrEnum
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from automation.selectors import automation_get, automations_with_silent_workers
+from automation.params_schema import UnusableSchema, params_errors
+from automation.selectors import automation_get
 from automation.services import worker_seen
-from automation.validation import UnusableSchema, params_errors
 from common.errors import Conflict, InvalidInput, NotFound
 from identity.selectors import tenant_is_active
-from job.metrics import RETRIED, count_claim_refusal, count_transition_on_commit
-from job.models import Job, JobEvent, JobStatus, MonitorCycle
+from job.metrics import count_claim_refusal, count_transition_on_commit
+from job.models import Job, JobEvent, JobStatus
 from job.selectors import (
-    automations_with_jobs_pending_before,
     job_ids_unfinished_of,
     running_count,
 )
-from outbox.services import dispatch, publish
+from outbox.services import publish
 
 logger = logging.getLogger("hubdommed.job")
-
-# The task that powers an automation's machine on (subscribed to JobCreated, in tasks.json).
-POWER_ON_TASK = "machines.power_on"
-# The task that restarts it (tasks.json).
-RESTART_TASK = "machines.restart"
 
 # Advisory-lock namespace of job claims (the first key of pg_advisory_xact_lock(int, int)).
 CLAIM_LOCK_NAMESPACE = 0x6A6F62  # "job"
@@ -94,16 +89,7 @@ def job_create(
         if existing is not None:
             return _replayed(existing, automation_id=automation_id, params=params), False
 
-    automation = automation_get(automation_id)
-    if automation is None:
-        raise InvalidInput(
-            "There is no such automation.",
-            code="unknown_automation",
-            details={"automation": ["There is no such automation."]},
-        )
-    if not automation.is_active:
-        raise Conflict("The automation is inactive.", code="automation_inactive")
-    job_params_check(params, schema=automation.params_schema, automation_id=automation.id)
+    automation = job_automation_check(automation_id=automation_id, params=params)
 
     now = timezone.now()
     job = Job(
@@ -123,7 +109,7 @@ def job_create(
             existing = _insert_unless_key_taken(job)
             if existing is not None:
                 return _replayed(existing, automation_id=automation_id, params=params), False
-        _record(job, job.created_event(), actor=requested_by)
+        record_transition(job, job.created_event(), actor=requested_by)
     return job, True
 
 
@@ -155,6 +141,23 @@ def _replayed(job: Job, *, automation_id: int, params: dict[str, Any]) -> Job:
             details={"job": job.pk},
         )
     return job
+
+
+def job_automation_check(*, automation_id: int, params: Any) -> Any:
+    """The automation jobs with these ``params`` would run, refused unless they can: it
+    exists (400), is active (409) and its parameter schema accepts them (400). Whoever
+    starts jobs checks here: a request now, a schedule when it is created or resumed."""
+    automation = automation_get(automation_id)
+    if automation is None:
+        raise InvalidInput(
+            "There is no such automation.",
+            code="unknown_automation",
+            details={"automation": ["There is no such automation."]},
+        )
+    if not automation.is_active:
+        raise Conflict("The automation is inactive.", code="automation_inactive")
+    job_params_check(params, schema=automation.params_schema, automation_id=automation.id)
+    return automation
 
 
 def job_params_check(params: Any, *, schema: dict[str, Any] | None, automation_id: int) -> None:
@@ -204,9 +207,9 @@ def job_cancel(*, tenant: Any, job_id: int, actor: Any) -> Job:
     job = _locked(Job.objects.filter(tenant=tenant), job_id)
     was = job.status
     event = job.request_cancel(now=timezone.now())
-    _save(job, was=was)
+    save_transition(job, was=was)
     if event is not None:
-        _record(job, event, actor=actor)
+        record_transition(job, event, actor=actor)
     return job
 
 
@@ -240,8 +243,8 @@ def _claim(*, worker: Any, job_id: int, lease: timedelta) -> Job:
         running=running,
         max_concurrency=automation.max_concurrency,
     )
-    _save(job, was=JobStatus.PENDING)
-    _record(job, event, actor=worker)
+    save_transition(job, was=JobStatus.PENDING)
+    record_transition(job, event, actor=worker)
     return job
 
 
@@ -271,7 +274,7 @@ def job_heartbeat(*, worker: Any, job_id: int, claim_token: uuid.UUID, progress:
     job.heartbeat(
         claim_token=claim_token, lease=lease_length(), now=timezone.now(), progress=progress
     )
-    _save(job, was=JobStatus.RUNNING)
+    save_transition(job, was=JobStatus.RUNNING)
     # After the commit: the worker's row is not part of the job's transaction.
     transaction.on_commit(lambda: worker_seen(worker_id=worker.pk))
     return job
@@ -299,8 +302,8 @@ def job_complete(
         exit_code=exit_code,
     )
     if event is not None:
-        _save(job, was=was)
-        _record(job, event, actor=worker)
+        save_transition(job, was=was)
+        record_transition(job, event, actor=worker)
     return job
 
 
@@ -330,8 +333,8 @@ def job_fail(
         claim_token=claim_token,
     )
     if event is not None:
-        _save(job, was=was)
-        _record(job, event, actor=worker)
+        save_transition(job, was=was)
+        record_transition(job, event, actor=worker)
     return job
 
 
@@ -394,9 +397,9 @@ def job_cancel_deactivated(
             return None
         was = job.status
         event = job.request_cancel(now=timezone.now(), reason=reason)
-        _save(job, was=was)
+        save_transition(job, was=was)
         if event is not None:
-            _record(job, event, actor="system")
+            record_transition(job, event, actor="system")
     logger.info("job %s (%s): cancel for deactivation: %s", job_id, was, reason)
     return job
 
@@ -408,157 +411,6 @@ def _deactivation_reason(job: Job) -> str | None:
     if not tenant_is_active(job.tenant_id):
         return DEACTIVATED_TENANT
     return None
-
-
-# --- the stuck-job monitor ----------------------------------------------------------------
-
-
-class Settlement(StrEnum):
-    """What ``job_settle_lost`` did with a job."""
-
-    FAILED = "failed"  # failed with worker_lost, JobFailed recorded
-    CANCELED = "canceled"  # a cancellation was pending: the job ends canceled
-    REQUEUED = "requeued"  # back to pending for another attempt; the machine powered on again
-    ALIVE = "alive"  # a heartbeat arrived in time after all: left alone
-    SKIPPED = "skipped"  # not running any more, or someone else holds the row right now
-
-
-WORKER_LOST_ERROR = "The worker stopped heartbeating: its lease expired at {expired}."
-
-
-def job_settle_lost(*, job_id: int) -> Settlement:
-    """Settle a running job whose lease expired: its worker is gone.
-
-    The lease is checked again under the row lock, so a heartbeat that committed since
-    the job was listed wins. SKIP LOCKED: a row held by a heartbeat, a report or another
-    monitor is left to its holder; the next cycle sees what came of it, so two monitors
-    never settle one job twice.
-
-    When the automation allows another attempt (``max_attempts`` above the job's
-    ``attempt``, the automation active, no cancellation asked) the job goes back to
-    pending and ``machines.power_on`` is dispatched again for it; no event (the next
-    start records JobStarted with the new attempt). Otherwise it fails with
-    ``worker_lost`` and JobFailed is recorded, by the system.
-    """
-    with transaction.atomic():
-        job = (
-            Job.objects.select_for_update(of=("self",), skip_locked=True)
-            .filter(pk=job_id, status=JobStatus.RUNNING)
-            .first()
-        )
-        if job is None:
-            return Settlement.SKIPPED
-        now = timezone.now()
-        if not job.lease_expired(now=now):
-            return Settlement.ALIVE
-        automation = automation_get(job.automation_id)
-        if (
-            automation is not None
-            and automation.is_active
-            and automation.max_attempts > job.attempt
-            and not job.cancel_requested
-        ):
-            job.requeue(now=now)
-            _save(job, was=JobStatus.RUNNING)
-            _count_transition(job, to=RETRIED)
-            dispatch(POWER_ON_TASK, {"automation_id": int(job.automation_id)}, tenant=job.tenant_id)
-            outcome = Settlement.REQUEUED
-        else:
-            event = job.fail(
-                reason=Job.FailureReason.WORKER_LOST,
-                now=now,
-                error=WORKER_LOST_ERROR.format(expired=job.lease_expires_at.isoformat()),
-            )
-            _save(job, was=JobStatus.RUNNING)
-            _record(job, event, actor="system")
-            outcome = Settlement(job.status)
-    logger.info("job %s: worker lost (attempt %s), %s", job_id, job.attempt, outcome)
-    return outcome
-
-
-def jobs_renew_leases_after_outage(*, interval: float, margin: float) -> int:
-    """Give every running job a whole fresh lease if the monitor's previous cycle ended
-    more than ``interval + margin`` seconds ago. Returns how many leases were renewed.
-
-    A gap like that means the monitor was down, and with it, most likely, the hub: the
-    workers could not heartbeat, and settling their jobs now would fail them for the
-    hub's own outage. Their leases start again from now instead (never shortened); a
-    worker that is really gone is found when the new lease runs out. No record at all
-    (the monitor's first cycle ever) says nothing about an outage: nothing is renewed.
-    """
-    with transaction.atomic():
-        cycle = (
-            MonitorCycle.objects.select_for_update().filter(name=MonitorCycle.STUCK_JOBS).first()
-        )
-        now = timezone.now()
-        if cycle is None or now - cycle.ended_at <= timedelta(seconds=interval + margin):
-            return 0
-        renewed_until = now + lease_length()
-        renewed = Job.objects.filter(
-            status=JobStatus.RUNNING, lease_expires_at__lt=renewed_until
-        ).update(lease_expires_at=renewed_until, updated_at=now)
-        # A worker that stopped with the hub (make run's Ctrl-C stops local machines) left
-        # its outcome on its machine's disk: powered on again (idempotent), it reports it.
-        running_on = (
-            Job.objects.filter(status=JobStatus.RUNNING)
-            .order_by()
-            .values_list("automation_id", flat=True)
-            .distinct()
-        )
-        for automation_id in running_on:
-            dispatch(POWER_ON_TASK, {"automation_id": int(automation_id)})
-    logger.warning(
-        "monitor: no cycle for %.0f s (the hub was down?): %s running jobs get a fresh lease",
-        (now - cycle.ended_at).total_seconds(),
-        renewed,
-    )
-    return renewed
-
-
-def monitor_cycle_ended() -> None:
-    """Record that a cycle of the stuck-job monitor just ended."""
-    MonitorCycle.objects.update_or_create(
-        name=MonitorCycle.STUCK_JOBS, defaults={"ended_at": timezone.now()}
-    )
-
-
-@transaction.atomic
-def jobs_restart_silent_workers(*, silent_since: datetime) -> list[int]:
-    """Dispatch ``machines.restart`` for the automations with a job pending since before
-    ``silent_since`` whose worker has not been heard from since then either. Returns
-    their ids.
-
-    A worker that runs polls the hub every few seconds: one silent that long while jobs
-    wait crashed, hung, or holds a credential that was rotated. The task restarts its
-    machine unless the worker speaks up meanwhile.
-    """
-    automation_ids = automations_with_silent_workers(
-        automations_with_jobs_pending_before(silent_since), silent_since=silent_since
-    )
-    for automation_id in automation_ids:
-        dispatch(
-            RESTART_TASK,
-            {"automation_id": int(automation_id), "silent_since": silent_since.isoformat()},
-        )
-    return automation_ids
-
-
-@transaction.atomic
-def jobs_resend_power_on(*, pending_before: datetime) -> list[int]:
-    """Dispatch ``machines.power_on`` again, once per automation, for the automations
-    with a job pending since before ``pending_before``. Returns their ids.
-
-    On the platform outbox: it is the hub's own initiative, not one tenant's request.
-    An inactive automation's machine is not powered on (its jobs wait for nothing).
-    """
-    automation_ids = [
-        automation_id
-        for automation_id in automations_with_jobs_pending_before(pending_before)
-        if automation_get(automation_id, active_only=True) is not None
-    ]
-    for automation_id in automation_ids:
-        dispatch(POWER_ON_TASK, {"automation_id": int(automation_id)})
-    return automation_ids
 
 
 # --- plumbing -----------------------------------------------------------------------------
@@ -577,7 +429,7 @@ def _locked(queryset, job_id: int) -> Job:
     return job
 
 
-def _save(job: Job, *, was: str) -> None:
+def save_transition(job: Job, *, was: str) -> None:
     """Write the transition, on the condition that the status is still the one it left.
 
     The row is locked, so the condition always holds; it is the guard that would turn a
@@ -590,13 +442,13 @@ def _save(job: Job, *, was: str) -> None:
         raise Conflict("The job changed while this request ran.", code="concurrent_change")
 
 
-def _record(job: Job, event: JobEvent, *, actor: Any) -> None:
+def record_transition(job: Job, event: JobEvent, *, actor: Any) -> None:
     """Record the event of the transition the job just made (and count it, once committed)."""
     publish(event.name, event.payload, tenant=job.tenant_id, aggregate=job, actor=actor)
-    _count_transition(job)
+    count_transition(job)
 
 
-def _count_transition(job: Job, *, to: str | None = None) -> None:
+def count_transition(job: Job, *, to: str | None = None) -> None:
     count_transition_on_commit(
         to or job.status,
         created_at=job.created_at,

@@ -5,7 +5,9 @@
   database, the hub), doubling from ``first`` up to ``cap``.
 
 Plain Python, no Django: the consume loop (``broker``), the relay, the worker, the
-stuck-job monitor and an automation's worker all use it.
+stuck-job monitor and an automation's worker all use it. Beside it, ``lifecycle.startup``
+(a stop asked for before a daemon's own handlers are in place) and ``lifecycle.daemon``
+(the skeleton of a polling daemon, a Django command).
 """
 
 from __future__ import annotations

@@ -20,7 +20,6 @@ its lease expired, never overwrites what happened to the run since.
 from __future__ import annotations
 
 import enum
-import json
 import os
 import socket
 import uuid
@@ -34,55 +33,16 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from broker.consume import FailureContext
-from outbox.models import OutboxMessage, PlatformOutboxMessage, TaskRun
+from outbox.models import TaskRun
+from outbox.rearm import rearm_outbox_row
 from outbox.services import publish
 
-# Re-arms a message's own outbox row: the relay sends it again once it is due. The row
-# may have been purged already (sent more than 7 days ago): then it is written again.
-_REARM = """
-    INSERT INTO {table} ({tenant_column}run_id, queue, envelope, available_at)
-    VALUES ({tenant_value}%(run_id)s, %(queue)s, %(envelope)s::jsonb,
-            clock_timestamp() + %(delay)s * interval '1 second')
-    ON CONFLICT (run_id) DO UPDATE
-       SET sent_at = NULL, available_at = {available_at}
-"""
-# A retry is due after its own backoff, whatever was planned before.
-_DUE_AT_DELAY = "EXCLUDED.available_at"
-# A copy given back while another worker holds the run must not push back a send that
-# is already planned sooner (the holder's retry, say).
-_DUE_AT_THE_EARLIER = """CASE WHEN {table}.sent_at IS NULL
-                THEN least({table}.available_at, EXCLUDED.available_at)
-                ELSE EXCLUDED.available_at END"""
-
-
-# The claim, one statement and its own (autocommit) transaction: the run becomes
-# ``running`` under this holder's lease only if nobody holds it: it is ``queued`` or
-# ``retrying``, or ``running`` under a lease that expired (its holder died or lost touch).
-# Two claims of one run at the same moment queue on the row lock, and the second then
-# re-checks the row as the first left it (READ COMMITTED): exactly one of them wins.
-_CLAIM = """
-    UPDATE task_runs
-       SET receive_count = receive_count + 1, status = 'running',
-           started_at = coalesce(started_at, clock_timestamp()), finished_at = NULL,
-           lease_holder = %(holder)s,
-           lease_expires_at = clock_timestamp() + %(lease)s * interval '1 second',
-           updated_at = clock_timestamp()
-     WHERE run_id = %(run_id)s
-       AND (status IN ('queued', 'retrying')
-            OR (status = 'running'
-                AND (lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())))
- RETURNING receive_count
-"""
-
-# Why a claim found nothing to take.
-_LOOK = """
-    SELECT status, receive_count,
-           extract(epoch FROM lease_expires_at - clock_timestamp())::float8
-      FROM task_runs
-     WHERE run_id = %s
-"""
-
-# The claim of a window: ``_CLAIM`` for many runs in one statement (each with its holder).
+# The claim of a window of runs, one statement and its own (autocommit) transaction, each
+# run with its holder: a run becomes ``running`` under its holder's lease only if nobody
+# holds it: it is ``queued`` or ``retrying``, or ``running`` under a lease that expired
+# (its holder died or lost touch). Two claims of one run at the same moment queue on the
+# row lock, and the second then re-checks the row as the first left it (READ COMMITTED):
+# exactly one of them wins.
 # Statements that change several rows first lock them in run_id order (the ``IN`` subquery
 # with ``FOR UPDATE`` is a hashed subplan, evaluated whole before the first row changes).
 _CLAIM_MANY = """
@@ -136,13 +96,6 @@ _SUCCEEDED_MANY = """
  RETURNING run.run_id
 """
 
-_SUCCEEDED = """
-    UPDATE task_runs
-       SET status = 'succeeded', finished_at = clock_timestamp(),
-           updated_at = clock_timestamp(), lease_expires_at = NULL
-     WHERE run_id = %s AND status <> 'failed'
-"""
-
 # A claim that keeps losing to status changes (released, retried meanwhile) stops trying.
 CLAIM_ATTEMPTS = 3
 
@@ -183,35 +136,12 @@ _HOST = socket.gethostname()
 class RunLedger:
     """``task_runs`` transitions made by the worker."""
 
-    def begin(self, envelope: dict[str, Any], *, holder: str, lease: float) -> Started:
-        """Claim the run for ``holder`` (counting this receive, marking it ``running``
-        under a lease of ``lease`` seconds), unless it finished (SKIP: a duplicate, ack
-        it) or someone else holds it under a live lease (BUSY: give it back for later)."""
-        run_id = uuid.UUID(str(envelope["run_id"]))
-        params = {"run_id": run_id, "holder": holder, "lease": float(lease)}
-        with connection.cursor() as cursor:
-            for _ in range(CLAIM_ATTEMPTS):
-                # Autocommit: the claim is committed (durably) before the handler starts.
-                cursor.execute(_CLAIM, params)
-                row = cursor.fetchone()
-                if row is not None:
-                    return Started(Begin.RUN, row[0], TaskRun.Status.RUNNING)
-                cursor.execute(_LOOK, [run_id])
-                found = cursor.fetchone()
-                if found is None:
-                    _record_unknown_run(run_id, envelope)
-                    continue
-                status, receive_count, remaining = found
-                if status in (TaskRun.Status.SUCCEEDED, TaskRun.Status.FAILED):
-                    return Started(Begin.SKIP, receive_count, status)
-                if status == TaskRun.Status.RUNNING and remaining is not None and remaining > 0:
-                    return Started(Begin.BUSY, receive_count, status, lease_remaining=remaining)
-                # Released or retried between the two statements: claim again.
-        return Started(Begin.BUSY, 0, TaskRun.Status.RUNNING, lease_remaining=1.0)
-
     def begin_many(self, claims: Sequence[tuple[dict[str, Any], str, float]]) -> dict[str, Started]:
-        """``begin`` for a window of messages at once: ``claims`` are (envelope, holder,
-        lease seconds); returns each holder's ``Started``. One statement claims every run
+        """Claim the runs of a window of messages for their holders (counting this receive,
+        marking each ``running`` under its lease), except those that finished (SKIP: a
+        duplicate, ack it) or that someone else holds under a live lease (BUSY: give it back
+        for later). ``claims`` are (envelope, holder, lease seconds); returns each holder's
+        ``Started``. One statement claims every run
         nobody holds (plus one look at the others); two copies of one run in the window:
         the first claims it, the second finds it held (BUSY)."""
         results: dict[str, Started] = {}
@@ -285,10 +215,6 @@ class RunLedger:
                 },
             )
             return {holder for (holder,) in cursor.fetchall()}
-
-    def succeeded(self, run_id: str) -> None:
-        with connection.cursor() as cursor:
-            cursor.execute(_SUCCEEDED, [uuid.UUID(str(run_id))])
 
     def succeeded_many(self, leases: Sequence[Lease]) -> set[str]:
         """The group commit: mark ``succeeded`` every run still held by its lease's
@@ -389,32 +315,6 @@ def run_failed(
         aggregate=("TaskRun", run_id),
         actor=actor,
     )
-
-
-def rearm_outbox_row(envelope: dict[str, Any], *, delay: float, keep_earlier: bool = False) -> None:
-    """Have the relay send the message again after ``delay`` seconds (or sooner, with
-    ``keep_earlier``, if a send is already planned sooner)."""
-    tenant_id = envelope.get("tenant")
-    model = OutboxMessage if tenant_id is not None else PlatformOutboxMessage
-    tenant = tenant_id is not None
-    table = model._meta.db_table
-    sql = _REARM.format(
-        table=table,
-        tenant_column="tenant_id, " if tenant else "",
-        tenant_value="%(tenant)s, " if tenant else "",
-        available_at=(_DUE_AT_THE_EARLIER if keep_earlier else _DUE_AT_DELAY).format(table=table),
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql,
-            {
-                "tenant": tenant_id,
-                "run_id": str(envelope["run_id"]),
-                "queue": envelope.get("queue", "default"),
-                "envelope": json.dumps(envelope),
-                "delay": max(0.0, float(delay)),
-            },
-        )
 
 
 def requeue_failed_run(run_id: str) -> bool:

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from automation.selectors import automation_get
 from common.errors import Conflict, InvalidInput, NotFound
-from job.services import job_params_check
+from job.services import job_automation_check, job_params_check
 from schedule import calendar
 from schedule.models import Misfire, Schedule
 
@@ -53,16 +53,7 @@ def schedule_create(
     that are not deactivated."""
     params = {} if params is None else params
     check_fields({"name": name, "cron": cron, "timezone": timezone_name, "misfire": misfire})
-    automation = automation_get(automation_id)
-    if automation is None:
-        raise InvalidInput(
-            "There is no such automation.",
-            code="unknown_automation",
-            details={"automation": ["There is no such automation."]},
-        )
-    if not automation.is_active:
-        raise Conflict("The automation is inactive.", code="automation_inactive")
-    job_params_check(params, schema=automation.params_schema, automation_id=automation.id)
+    automation = job_automation_check(automation_id=automation_id, params=params)
 
     now = timezone.now()
     expression = calendar.normalized(cron)
@@ -165,12 +156,7 @@ def schedule_resume(*, tenant: Any, schedule_id: int) -> Schedule:
         schedule.ensure_active(message="The schedule is deactivated: it cannot be resumed.")
         if not schedule.is_paused:
             return schedule
-        automation = automation_get(schedule.automation_id)
-        if not automation.is_active:
-            raise Conflict("The automation is inactive.", code="automation_inactive")
-        job_params_check(
-            schedule.params, schema=automation.params_schema, automation_id=automation.id
-        )
+        job_automation_check(automation_id=schedule.automation_id, params=schedule.params)
         if next_run is None or (schedule.cron, schedule.timezone) != (
             current.cron,
             current.timezone,

@@ -26,6 +26,8 @@ from broker.consume_loop import ConsumeLoop, LoopStats
 from broker.topology import automation_queue_name
 from common.metrics import Heartbeat
 from outbox.catalog import get_catalog
+from outbox.runs import RunLedger
+from worker.come_back import for_consumer
 from worker.processor import TaskProcessor
 from worker.registry import discover_handlers, missing_handlers
 
@@ -73,7 +75,10 @@ def build_task_worker(
         # Their messages would be dead-lettered: say so at start, not per message.
         logger.warning("no handler for tasks %s", ", ".join(missing))
     consumer = get_consumer()
-    processor = TaskProcessor(consumer)
+    # How a retry comes back (the broker's delay, or the outbox row re-armed) is decided
+    # here, once, by what this broker can do.
+    ledger = RunLedger()
+    processor = TaskProcessor(consumer, ledger, come_back=for_consumer(consumer, ledger))
     loop = ConsumeLoop(
         consumer,
         destinations,

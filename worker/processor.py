@@ -23,12 +23,15 @@ only then is the original acked. Any other failure is transient: the run becomes
 ``retrying`` and the message comes back after an exponential backoff with jitter,
 without holding a slot (SQS: its visibility; RabbitMQ: its outbox row is re-armed, due
 after the backoff, and the message acked; see docs/worker.md).
+
+This module is the loop over those steps only. Beside it, chosen once when the worker is
+built: what a failure means (``worker.retries``), how a message comes back later
+(``worker.come_back``), and what an outcome is (``worker.outcomes``).
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 import traceback
@@ -50,32 +53,21 @@ from broker.consume import (
     visibility_timeout,
 )
 from common.context import log_context
-from outbox.catalog import DEFAULT_TIME_LIMIT_SECONDS, RetryPolicy, UnknownTask, get_catalog
+from outbox.catalog import DEFAULT_TIME_LIMIT_SECONDS, RetryPolicy, get_catalog
 from outbox.handlers import TaskMessage, get_handler
-from outbox.runs import Begin, Lease, RunLedger, new_holder, rearm_outbox_row
-from outbox.task_errors import UnknownTaskHandler, is_permanent
-from worker import metrics
+from outbox.runs import Begin, Lease, RunLedger, new_holder
+from outbox.task_errors import UnknownTaskHandler
+from worker import metrics, retries
+from worker.come_back import ComeBack, for_consumer
 from worker.leases import LeaseKeeper
+from worker.outcomes import Outcome, Settling
 from worker.window import Prepared, RunWindow
 
 logger = logging.getLogger("hubdommed.worker")
 
-# When the bookkeeping itself fails (the database is away), the message comes back after
-# this long, without counting as a failure of the task.
-INFRASTRUCTURE_RETRY_SECONDS = 5.0
 # A copy given back because another worker holds its run comes back this long after the
 # holder's lease would end (SQS counts in whole seconds; the relay sweeps).
 LEASE_MARGIN_SECONDS = 1.0
-
-
-# The processor's outcomes, as the metric counts them (others are not task runs).
-_METRIC_OUTCOMES = {
-    "succeeded": "succeeded",
-    "retrying": "retried",
-    "failed": "failed",
-    "duplicate": "duplicate",
-    "timed_out": "timed_out",
-}
 
 
 class TimeLimitExceeded(Exception):
@@ -96,18 +88,20 @@ class _Running:
     policy: RetryPolicy
 
 
-def backoff_with_jitter(policy: RetryPolicy, receive_count: int) -> float:
-    """Exponential backoff with "equal jitter": between half and all of the step, so
-    delays still grow from one retry to the next while retries of many messages spread."""
-    step = policy.backoff(receive_count)
-    return step / 2 + random.uniform(0, step / 2)
-
-
 class TaskProcessor:
-    def __init__(self, consumer: Consumer, ledger: RunLedger | None = None) -> None:
+    def __init__(
+        self,
+        consumer: Consumer,
+        ledger: RunLedger | None = None,
+        *,
+        come_back: ComeBack | None = None,
+    ) -> None:
         self.consumer = consumer
         self.ledger = ledger or RunLedger()
+        # How a message not settled now comes back: what this consumer's broker allows.
+        self.come_back = come_back or for_consumer(consumer, self.ledger)
         self.leases = LeaseKeeper(self.ledger)
+        # What became of the messages, by ``Outcome.key`` (the worker's summary line).
         self.outcomes: Counter[str] = Counter()
         # The runs this process claimed, by the delivery that claimed them.
         self._claims: dict[Delivery, Lease] = {}
@@ -136,10 +130,10 @@ class TaskProcessor:
         close_old_connections()
         try:
             self._process(delivery)
-        except Exception as exc:
+        except Exception:
             # The bookkeeping before the handler failed (the database is away, say).
             logger.exception("bookkeeping for %s failed; it will come back", delivery.run_id)
-            self._settle(delivery, "infrastructure", self._come_back_later, exc)
+            self._settle(delivery, Outcome.INFRASTRUCTURE, self.come_back.infrastructure)
         finally:
             # Each worker thread keeps its own connection; drop it if it went bad or old.
             close_old_connections()
@@ -194,7 +188,7 @@ class TaskProcessor:
             prepared.started = decision = started[lease.holder]
             if decision.decision is Begin.SKIP:
                 # Delivered again after it finished: consumers are idempotent by run_id.
-                self.window.settle(prepared.delivery, None, "duplicate")
+                self.window.settle(prepared.delivery, None, Outcome.DUPLICATE)
             elif decision.decision is Begin.BUSY:
                 # Not run here, and settled now: it must not wait for a slot behind the
                 # very run it waits for.
@@ -204,7 +198,9 @@ class TaskProcessor:
                     lease.run_id,
                     delay,
                 )
-                self._settle(prepared.delivery, "busy", self._later, prepared.envelope, delay)
+                self._settle(
+                    prepared.delivery, Outcome.BUSY, self.come_back.busy, prepared.envelope, delay
+                )
             elif not self._hold(prepared.delivery, lease):
                 # Given back by a shutdown while it was being claimed: not run here.
                 prepared.given_back = True
@@ -219,7 +215,7 @@ class TaskProcessor:
             logger.error(
                 "unreadable message %s dead-lettered: %s", delivery.message_id, prepared.error
             )
-            self._settle(delivery, "unreadable", self._park, None, failure)
+            self._settle(delivery, Outcome.UNREADABLE, self._park, None, failure)
             return
         if prepared.error is not None:
             raise prepared.error
@@ -245,7 +241,7 @@ class TaskProcessor:
         policy = RetryPolicy()
         limit = DEFAULT_TIME_LIMIT_SECONDS
         began = time.monotonic()
-        outcome = "succeeded"
+        outcome = Outcome.SUCCEEDED
         abandoned = False
         try:
             spec = get_catalog().task(task)
@@ -286,12 +282,12 @@ class TaskProcessor:
                 return
             # Committed with others before the ack (``worker.window``); the lease is held
             # until then.
-            self.window.settle(delivery, lease, "succeeded")
+            self.window.settle(delivery, lease, Outcome.SUCCEEDED)
         duration = time.monotonic() - began
         metrics.TASK_RUN_DURATION.labels(task=task).observe(duration)
         logger.info(
             "task run finished",
-            extra={"task": task, "outcome": outcome, "duration": round(duration, 6)},
+            extra={"task": task, "outcome": outcome.metric, "duration": round(duration, 6)},
         )
 
     # -- time limits (the bookkeeping thread) ----------------------------------------------
@@ -342,24 +338,21 @@ class TaskProcessor:
     def let_go(self, delivery: Delivery) -> None:
         self._let_go(delivery)
 
-    def settled(self, delivery: Delivery, outcome: str, *, unsettled: bool = False) -> None:
-        self._count(delivery, f"{outcome}-unsettled" if unsettled else outcome)
+    def settled(self, delivery: Delivery, outcome: Outcome, *, unsettled: bool = False) -> None:
+        self._count(delivery, outcome, Settling.UNSETTLED if unsettled else None)
 
-    def come_back_later(self, deliveries: list[Delivery], outcome: str) -> None:
-        """The bookkeeping of these failed (the database is away): back for later."""
-        if not self.consumer.can_delay:
-            # They would come back at once: do not spin on a database that is away.
-            time.sleep(1.0)
-        for delivery in deliveries:
+    def come_back_later(self, settled: list[tuple[Delivery, Outcome]]) -> None:
+        """The bookkeeping of these outcomes failed (the database is away): back for later."""
+        for delivery, outcome in settled:
             try:
-                self.consumer.retry_later(delivery, INFRASTRUCTURE_RETRY_SECONDS)
+                self.come_back.infrastructure(delivery)
             except TransportUnavailable as exc:
                 logger.warning("could not give back %s: %s", delivery.run_id, exc)
-            self._count(delivery, f"{outcome}-infrastructure")
+            self._count(delivery, outcome, Settling.INFRASTRUCTURE)
 
-    def _count(self, delivery: Delivery, outcome: str) -> None:
-        self.outcomes[outcome] += 1
-        name = _METRIC_OUTCOMES.get(outcome)
+    def _count(self, delivery: Delivery, outcome: Outcome, settling: Settling | None = None):
+        self.outcomes[outcome.key(settling)] += 1
+        name = outcome.metric if settling is None else None
         if name is not None:
             try:
                 task = str(delivery.envelope.get("task", "?"))
@@ -391,86 +384,62 @@ class TaskProcessor:
         tb: str,
         receive_count: int,
         policy: RetryPolicy,
-    ) -> str:
+    ) -> Outcome:
+        """Report the failure to the policy (``worker.retries``) and do what it decided."""
         error = f"{type(exc).__name__}: {exc}"
-        permanent = is_permanent(exc) or isinstance(exc, UnknownTask)
-        if permanent or receive_count >= policy.max_receives:
-            why = "permanent error" if permanent else f"receive {receive_count}, the last"
+        decision = retries.after_failure(exc, receive_count=receive_count, policy=policy)
+        if not decision.retry:
             logger.warning(
-                "task %s run %s failed (%s): %s", envelope["task"], envelope["run_id"], why, error
+                "task %s run %s failed (%s): %s",
+                envelope["task"],
+                envelope["run_id"],
+                decision.why,
+                error,
             )
             failure = FailureContext.from_exception(exc, receive_count=receive_count, tb=tb)
-            self._settle(delivery, "failed", self._park, envelope, failure)
-            return "failed"
-        delay = backoff_with_jitter(policy, receive_count)
+            self._settle(delivery, Outcome.FAILED, self._park, envelope, failure)
+            return Outcome.FAILED
         logger.info(
             "task %s run %s failed on receive %d, retrying in %.2f s: %s",
             envelope["task"],
             envelope["run_id"],
             receive_count,
-            delay,
+            decision.delay,
             error,
         )
-        self._settle(delivery, "retrying", self._retry, envelope, lease, error, delay)
-        return "retried"
+        self._settle(
+            delivery, Outcome.RETRYING, self.come_back.retry, envelope, lease, error, decision.delay
+        )
+        return Outcome.RETRYING
 
     # -- settling (exactly once per delivery) ----------------------------------------------
 
-    def _settle(self, delivery: Delivery, outcome: str, action, *args) -> None:
+    def _settle(self, delivery: Delivery, outcome: Outcome, action, *args) -> None:
+        """Settle ``delivery`` with ``action(delivery, *args)``, once: a delivery a shutdown
+        gave back meanwhile is left alone."""
         with delivery.settling() as mine:
             if not mine:
                 # Given back by a shutdown meanwhile; its run was put back to queued.
                 return
+            settling = None
             try:
                 action(delivery, *args)
             except TransportUnavailable as exc:
                 # The broker brings the message back by itself (connection gone, visibility).
                 logger.warning("could not settle %s (%s): %s", delivery.run_id, outcome, exc)
-                outcome = f"{outcome}-unsettled"
+                settling = Settling.UNSETTLED
             except Exception:
                 # The bookkeeping failed (the database is away): give the message back for
                 # later, so that it neither sits unsettled nor holds a slot.
                 logger.exception(
                     "could not settle %s (%s); it will come back", delivery.run_id, outcome
                 )
-                outcome = f"{outcome}-infrastructure"
+                settling = Settling.INFRASTRUCTURE
                 try:
-                    self._come_back_later(delivery, None)
+                    self.come_back.infrastructure(delivery)
                 except TransportUnavailable as exc:
                     logger.warning("could not give back %s: %s", delivery.run_id, exc)
-            self._count(delivery, outcome)
-
-    def _retry(
-        self,
-        delivery: Delivery,
-        envelope: dict[str, Any],
-        lease: Lease,
-        error: str,
-        delay: float,
-    ) -> None:
-        if self.consumer.can_delay:
-            self.ledger.retrying(
-                envelope, holder=lease.holder, error=error, delay=delay, rearm=False
-            )
-            self.consumer.retry_later(delivery, delay)
-        else:
-            # The outbox row comes due again after the delay and the relay re-sends it;
-            # nothing holds a slot or a broker-side timer meanwhile.
-            self.ledger.retrying(
-                envelope, holder=lease.holder, error=error, delay=delay, rearm=True
-            )
-            self.consumer.ack(delivery)
-
-    def _later(self, delivery: Delivery, envelope: dict[str, Any], delay: float) -> None:
-        """A copy of a run another worker holds: back when the holder's lease would end."""
-        if self.consumer.can_delay:
-            self.consumer.retry_later(delivery, delay)
-        else:
-            # Acked only once its outbox row is due again: if the holder dies, this copy
-            # (maybe the holder's own message, requeued by the broker when its connection
-            # dropped) still comes back, after the lease expired.
-            rearm_outbox_row(envelope, delay=delay, keep_earlier=True)
-            self.consumer.ack(delivery)
+            self._count(delivery, outcome, settling)
 
     def _park(
         self, delivery: Delivery, envelope: dict[str, Any] | None, failure: FailureContext
@@ -482,12 +451,6 @@ class TaskProcessor:
         if envelope is not None:
             self.ledger.failed(envelope, failure=failure)
         self.consumer.ack(delivery)
-
-    def _come_back_later(self, delivery: Delivery, _exc: Exception | None) -> None:
-        if not self.consumer.can_delay:
-            # It would come back at once: do not spin on a database that is away.
-            time.sleep(1.0)
-        self.consumer.retry_later(delivery, INFRASTRUCTURE_RETRY_SECONDS)
 
 
 def _checked_envelope(delivery: Delivery) -> dict[str, Any]:

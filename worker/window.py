@@ -30,6 +30,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from broker.consume import Consumer, Delivery
 from outbox.runs import Lease, RunLedger, Started
+from worker.outcomes import Outcome
 
 logger = logging.getLogger("hubdommed.worker")
 
@@ -67,7 +68,7 @@ class _Outcome:
     delivery: Delivery
     # The run to mark ``succeeded`` by its holder; None: a duplicate, only acked.
     lease: Lease | None
-    outcome: str
+    outcome: Outcome
 
 
 class Bookkeeper(Protocol):
@@ -82,11 +83,11 @@ class Bookkeeper(Protocol):
 
     def abandon_expired(self) -> None: ...
 
-    def come_back_later(self, deliveries: list[Delivery], outcome: str) -> None: ...
+    def come_back_later(self, settled: list[tuple[Delivery, Outcome]]) -> None: ...
 
     def let_go(self, delivery: Delivery) -> None: ...
 
-    def settled(self, delivery: Delivery, outcome: str, *, unsettled: bool = False) -> None: ...
+    def settled(self, delivery: Delivery, outcome: Outcome, *, unsettled: bool = False) -> None: ...
 
 
 class RunWindow:
@@ -142,7 +143,7 @@ class RunWindow:
             self._prepared.pop(id(delivery), None)
         return prepared
 
-    def settle(self, delivery: Delivery, lease: Lease | None, outcome: str) -> None:
+    def settle(self, delivery: Delivery, lease: Lease | None, outcome: Outcome) -> None:
         """Commit this outcome with the others that gathered meanwhile, then ack; no
         waiting here (the slot takes its next message)."""
         with self._lock:
@@ -227,7 +228,7 @@ class RunWindow:
         leases = [item.lease for item in mine if item.lease is not None]
         try:
             if leases and not self._commit(leases):
-                self.processor.come_back_later([item.delivery for item in mine], "infrastructure")
+                self.processor.come_back_later([(item.delivery, item.outcome) for item in mine])
                 return
         finally:
             for item in mine:

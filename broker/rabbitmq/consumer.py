@@ -38,7 +38,8 @@ from broker.consume import (
     Delivery,
     FailureContext,
 )
-from broker.rabbitmq.publisher import connection_parameters, declarations, exchange_declaration
+from broker.rabbitmq.connection import connection_parameters
+from broker.rabbitmq.topology import declarations, exchange_declaration
 
 logger = logging.getLogger("hubdommed.worker")
 

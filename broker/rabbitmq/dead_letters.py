@@ -13,7 +13,7 @@ from broker.consume import (
     DeadLetter,
     DeadLetterBox,
 )
-from broker.rabbitmq.publisher import connection_parameters
+from broker.rabbitmq.connection import connection_parameters
 
 
 def _error_headers(headers: dict[str, Any]) -> dict[str, str]:

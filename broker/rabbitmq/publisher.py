@@ -14,11 +14,8 @@ time, so that the next close names its culprit; the rest goes on pipelined. Only
 connection, or a close that no message explains, is an outage. A ``404 NOT_FOUND`` (the
 exchange is gone: a node reset, a new cluster) declares the topology again and resends.
 
-Topology (see docs/messaging.md): the exchange ``settings.RABBITMQ_EXCHANGE`` (topic,
-durable); per destination a quorum queue bound with ``<destination>.#``, with
-``x-delivery-limit`` 7 and dead-lettering through the default exchange to
-``<queue>-dlq`` (another quorum queue). ``declarations()`` lists it as plain channel
-calls so that a consumer on a ``BlockingConnection`` can declare the same thing.
+The topology it declares is ``broker.rabbitmq.topology``'s, the connection parameters
+``broker.rabbitmq.connection``'s: the consumer and the dead-letter box use the same.
 """
 
 from __future__ import annotations
@@ -42,13 +39,11 @@ from broker.base import (
     Transport,
     TransportUnavailable,
 )
+from broker.rabbitmq.connection import ANSWER_TIMEOUT, CONNECT_TIMEOUT, connection_parameters
+from broker.rabbitmq.topology import TopologyError, declarations, exchange_declaration
 from broker.topology import QUEUES
 
 logger = logging.getLogger("hubdommed.relay")
-
-# Seconds to wait for the broker to open a connection or answer a batch.
-CONNECT_TIMEOUT = 5.0
-ANSWER_TIMEOUT = 30.0
 
 # Channel closes that one published message causes (AMQP reply codes): that message is
 # refused, the others are not at fault. 406 PRECONDITION_FAILED: over max_message_size (or
@@ -60,63 +55,6 @@ NOT_FOUND = 404
 # the same event once, as the reconnect it is (a warning), so theirs only adds noise.
 for _noisy in ("pika.adapters.utils.io_services_utils", "pika.adapters.base_connection"):
     logging.getLogger(_noisy).setLevel(logging.CRITICAL)
-
-
-class TopologyError(Exception):
-    """The broker refused a declaration (for example, a queue exists with other arguments)."""
-
-
-def queue_arguments(destination: str) -> dict[str, Any]:
-    return {
-        "x-queue-type": "quorum",
-        # The broker's own redrive. RabbitMQ counts returns, not deliveries: a limit of 6
-        # returns means 7 deliveries, then the DLQ (as SQS's maxReceiveCount 7).
-        "x-delivery-limit": topology.MAX_RECEIVES - 1,
-        # "" is the default exchange: it routes by queue name, straight to the DLQ.
-        "x-dead-letter-exchange": "",
-        "x-dead-letter-routing-key": topology.dead_letter_queue_name(destination),
-        # Quorum queues can dead-letter at least once (3.10+), which needs reject-publish.
-        "x-dead-letter-strategy": "at-least-once",
-        "x-overflow": "reject-publish",
-    }
-
-
-DEAD_LETTER_QUEUE_ARGUMENTS = {"x-queue-type": "quorum"}
-
-
-def exchange_declaration() -> tuple[str, dict[str, Any]]:
-    return "exchange_declare", {
-        "exchange": settings.RABBITMQ_EXCHANGE,
-        "exchange_type": "topic",
-        "durable": True,
-    }
-
-
-def declarations(destination: str) -> list[tuple[str, dict[str, Any]]]:
-    """The channel calls that create a destination's queues and binding, in order."""
-    queue = topology.queue_name(destination)
-    return [
-        (
-            "queue_declare",
-            {
-                "queue": topology.dead_letter_queue_name(destination),
-                "durable": True,
-                "arguments": DEAD_LETTER_QUEUE_ARGUMENTS,
-            },
-        ),
-        (
-            "queue_declare",
-            {"queue": queue, "durable": True, "arguments": queue_arguments(destination)},
-        ),
-        (
-            "queue_bind",
-            {
-                "queue": queue,
-                "exchange": settings.RABBITMQ_EXCHANGE,
-                "routing_key": topology.binding_key(destination),
-            },
-        ),
-    ]
 
 
 def message_properties(message: OutgoingMessage) -> pika.BasicProperties:
@@ -131,16 +69,6 @@ def message_properties(message: OutgoingMessage) -> pika.BasicProperties:
         correlation_id=message.correlation_id or None,
         headers=headers,
     )
-
-
-def connection_parameters(url: str | None = None) -> pika.URLParameters:
-    params = pika.URLParameters(url or settings.RABBITMQ_URL)
-    params.connection_attempts = 1
-    params.retry_delay = 0
-    params.socket_timeout = CONNECT_TIMEOUT
-    params.stack_timeout = CONNECT_TIMEOUT
-    params.blocked_connection_timeout = ANSWER_TIMEOUT
-    return params
 
 
 class _CorkedConnection(pika.SelectConnection):

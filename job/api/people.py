@@ -13,7 +13,7 @@ from common.errors import InvalidInput, NotFound
 from common.schema import ErrorSerializer
 from identity.permissions import IsTenantMember
 from job.api.serializers import JobCreateInput, JobListFilters, JobOutput
-from job.selectors import job_get, job_list
+from job.selectors import job_get, job_list, job_public
 from job.services import job_cancel, job_create
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -55,7 +55,7 @@ class JobsApi(GenericAPIView):
         filters.is_valid(raise_exception=True)
         jobs = job_list(tenant=request.user.tenant_id, **filters.as_selector_filters())
         page = self.paginate_queryset(jobs)
-        return self.get_paginated_response(JobOutput(page, many=True).data)
+        return self.get_paginated_response([job_public(job) for job in page])
 
     @extend_schema(
         operation_id="jobs_create",
@@ -98,7 +98,7 @@ class JobsApi(GenericAPIView):
             idempotency_key=idempotency_key_of(request),
         )
         return Response(
-            JobOutput(job).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+            job_public(job), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )
 
 
@@ -114,7 +114,7 @@ class JobDetailApi(APIView):
         job = job_get(tenant=request.user.tenant_id, job_id=job_id)
         if job is None:
             raise NotFound("There is no such job.", code="job_not_found")
-        return Response(JobOutput(job).data)
+        return Response(job_public(job))
 
 
 class JobCancelApi(APIView):
@@ -137,4 +137,4 @@ class JobCancelApi(APIView):
     )
     def post(self, request, job_id: int):
         job = job_cancel(tenant=request.user.tenant_id, job_id=job_id, actor=request.user)
-        return Response(JobOutput(job).data)
+        return Response(job_public(job))

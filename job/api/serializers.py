@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from job.models import FailureReason, Job, JobStatus
+from job.selectors import PUBLIC_FIELDS, job_public
 
 # --- people -------------------------------------------------------------------------------
 
@@ -82,6 +83,9 @@ class BlankAsNullChoiceField(serializers.ChoiceField):
 
 
 class JobOutput(serializers.ModelSerializer):
+    """The job's public shape as the schema documents it; the body itself is
+    ``job.selectors.job_public`` (the webhooks send the same)."""
+
     automation = serializers.IntegerField(source="automation_id", read_only=True)
     requested_by = serializers.IntegerField(
         source="requested_by_id",
@@ -107,29 +111,11 @@ class JobOutput(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = (
-            "id",
-            "automation",
-            "status",
-            "params",
-            "requested_by",
-            "triggered_by",
-            "attempt",
-            "created_at",
-            "started_at",
-            "finished_at",
-            "last_heartbeat_at",
-            "cancel_requested",
-            "cancel_requested_at",
-            "progress",
-            "result",
-            "error",
-            "failure_reason",
-            "exit_code",
-            "output_tail",
-            "updated_at",
-        )
+        fields = PUBLIC_FIELDS
         read_only_fields = fields
+
+    def to_representation(self, instance: Job) -> dict:
+        return job_public(instance)
 
 
 # --- workers ------------------------------------------------------------------------------

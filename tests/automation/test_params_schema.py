@@ -8,7 +8,7 @@ import json
 import pytest
 
 from automation.models import Automation
-from automation.validation import params_errors, params_schema_problem
+from automation.params_schema import params_errors, params_schema_problem
 from job.models import Job
 from tests.automation.test_admin import CHANGELIST, form_data
 from tests.automation.test_api import payload

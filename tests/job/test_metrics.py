@@ -15,14 +15,13 @@ from prometheus_client import REGISTRY
 
 from common.errors import Conflict
 from job.models import Job
+from job.monitor import Settlement, job_settle_lost
 from job.services import (
-    Settlement,
     job_cancel,
     job_claim,
     job_complete,
     job_create,
     job_fail,
-    job_settle_lost,
 )
 from tests.factories import AutomationFactory, UserFactory, WorkerFactory
 

@@ -15,7 +15,8 @@ from automation.services import automation_deactivate
 from common.ways_forward import stranded_checks
 from identity.services import tenant_deactivate
 from job.models import FINISHED, WAYS_FORWARD, Job, JobStatus
-from job.services import DEACTIVATED_AUTOMATION, DEACTIVATED_TENANT, job_settle_lost
+from job.monitor import job_settle_lost
+from job.services import DEACTIVATED_AUTOMATION, DEACTIVATED_TENANT
 from outbox.handlers import TaskMessage
 from outbox.models import Event, PlatformOutboxMessage
 from tests.factories import (

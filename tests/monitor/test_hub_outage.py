@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from job.models import Job, MonitorCycle
-from job.services import Settlement
+from job.monitor import Settlement
 
 pytestmark = pytest.mark.django_db
 

@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from job.models import Job
-from job.services import Settlement, job_settle_lost
+from job.monitor import Settlement, job_settle_lost
 from outbox.models import Event
 from tests.factories import AutomationFactory, RunningJobFactory
 from tests.job.support import events_of

@@ -30,6 +30,7 @@ from tests.observability.conftest import sample
 from tests.outbox.support import deliver_until_dead_lettered, happened_ago, lose_messages
 from tests.worker.conftest import (  # noqa: F401 (fixtures)
     broker,
+    claim,
     dead_letters,
     dispatch_work,
     executions,
@@ -104,7 +105,7 @@ def test_a_run_whose_worker_died_and_whose_message_is_gone_is_sent_again(relay, 
     run_id = sent_and_lost()
     # A worker claimed it, then died; the message it held came back and was lost.
     envelope = row_of(run_id).envelope
-    assert RunLedger().begin(envelope, holder="host:1:dead", lease=30).receive_count == 1
+    assert claim(RunLedger(), envelope, holder="host:1:dead", lease=30).receive_count == 1
     happened_ago(run_id, LONG_AGO)
 
     (repaired,) = check()
@@ -126,7 +127,7 @@ def test_a_retrying_run_whose_message_is_gone_is_sent_again(relay, start_worker)
     run_id = sent_and_lost()
     # Its first receive failed and the broker was to show it again after the backoff
     # (SQS's visibility): it never did.
-    RunLedger().begin(row_of(run_id).envelope, holder="host:1:gone", lease=30)
+    claim(RunLedger(), row_of(run_id).envelope, holder="host:1:gone", lease=30)
     TaskRun.objects.filter(run_id=run_id).update(
         status=TaskRun.Status.RETRYING, lease_expires_at=None, last_error="Boom (retry in 2 s)"
     )
@@ -152,7 +153,7 @@ def test_a_run_the_broker_dead_lettered_after_its_receives_is_failed_and_an_oper
     # none settles it, and the broker's redrive moves the message to the dead-letter queue.
     ledger = RunLedger()
     deliveries = deliver_until_dead_lettered(
-        lambda envelope: ledger.begin(envelope, holder="host:1:dying", lease=0)
+        lambda envelope: claim(ledger, envelope, holder="host:1:dying", lease=0)
     )
     # 7 deliveries (RabbitMQ's limit of 6 returns; SQS's maxReceiveCount: moto may take
     # one receive more to move it).
@@ -264,7 +265,7 @@ def test_a_run_held_by_a_live_worker_is_not_stranded_however_long_it_runs(relay,
 
 def test_a_retry_the_broker_may_still_be_holding_is_not_stranded(relay):
     run_id = sent_and_lost()
-    RunLedger().begin(row_of(run_id).envelope, holder="host:1:gone", lease=30)
+    claim(RunLedger(), row_of(run_id).envelope, holder="host:1:gone", lease=30)
     TaskRun.objects.filter(run_id=run_id).update(
         status=TaskRun.Status.RETRYING, lease_expires_at=None
     )

@@ -24,6 +24,7 @@ from django.db import connection, transaction
 from broker import get_dead_letter_box, topology
 from broker.topology import QUEUES
 from outbox.models import PlatformOutboxMessage, TaskRun
+from outbox.runs import RunLedger, Started
 from outbox.services import dispatch
 from relay.engine import OutboxRelay
 from tests.polling import wait_until
@@ -221,6 +222,11 @@ def dispatch_work(**payload) -> str:
 def wait_for(condition: Callable[[], object], timeout: float = 30.0, what: str = "") -> object:
     """``wait_until`` with the worker tests' bound: a delivery may wait out a backoff."""
     return wait_until(condition, timeout=timeout, message=what)
+
+
+def claim(ledger: RunLedger, envelope: dict, *, holder: str, lease: float) -> Started:
+    """One run claimed as the worker claims its window's, by ``RunLedger.begin_many``."""
+    return ledger.begin_many([(envelope, holder, lease)])[holder]
 
 
 def run_of(run_id: str) -> TaskRun:

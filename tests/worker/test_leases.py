@@ -14,6 +14,7 @@ from django.utils import timezone
 from outbox.models import PlatformOutboxMessage, TaskRun
 from outbox.runs import Begin, Lease, RunLedger, Started, requeue_failed_run
 from tests.worker.conftest import (
+    claim,
     dispatch_work,
     executions,
     go_ahead,
@@ -38,18 +39,21 @@ def claim_at_the_same_moment(run_id: str, claimers: int) -> list[tuple[str, Star
     results: list[tuple[str, Started] | None] = [None] * claimers
     errors: list[BaseException] = []
 
-    def claim(number: int) -> None:
+    def claim_once(number: int) -> None:
         try:
             connection.ensure_connection()
             barrier.wait(timeout=10)
             holder = f"claimer-{number}"
-            results[number] = (holder, RunLedger().begin(envelope(run_id), holder=holder, lease=30))
+            results[number] = (
+                holder,
+                claim(RunLedger(), envelope(run_id), holder=holder, lease=30),
+            )
         except BaseException as exc:
             errors.append(exc)
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=claim, args=(number,)) for number in range(claimers)]
+    threads = [threading.Thread(target=claim_once, args=(number,)) for number in range(claimers)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -84,8 +88,8 @@ def test_a_run_held_under_a_live_lease_is_busy_for_another_claimer_and_not_count
     run_id = dispatch_work()
     ledger = RunLedger()
 
-    first = ledger.begin(envelope(run_id), holder="a", lease=30)
-    second = ledger.begin(envelope(run_id), holder="b", lease=30)
+    first = claim(ledger, envelope(run_id), holder="a", lease=30)
+    second = claim(ledger, envelope(run_id), holder="b", lease=30)
 
     assert (first.decision, first.receive_count) == (Begin.RUN, 1)
     assert second.decision is Begin.BUSY
@@ -97,12 +101,12 @@ def test_a_run_held_under_a_live_lease_is_busy_for_another_claimer_and_not_count
 def test_a_run_whose_lease_expired_is_taken_over_by_the_next_claim():
     run_id = dispatch_work()
     ledger = RunLedger()
-    ledger.begin(envelope(run_id), holder="dead", lease=30)
+    claim(ledger, envelope(run_id), holder="dead", lease=30)
     TaskRun.objects.filter(run_id=run_id).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
 
-    started = ledger.begin(envelope(run_id), holder="next", lease=30)
+    started = claim(ledger, envelope(run_id), holder="next", lease=30)
 
     assert (started.decision, started.receive_count) == (Begin.RUN, 2)
     assert run_of(run_id).lease_holder == "next"
@@ -111,10 +115,10 @@ def test_a_run_whose_lease_expired_is_taken_over_by_the_next_claim():
 def test_a_finished_run_is_skipped_whatever_its_lease_said():
     run_id = dispatch_work()
     ledger = RunLedger()
-    ledger.begin(envelope(run_id), holder="a", lease=30)
-    ledger.succeeded(run_id)
+    claim(ledger, envelope(run_id), holder="a", lease=30)
+    ledger.succeeded_many([Lease(run_id, "a", seconds=30, interval=10)])
 
-    started = ledger.begin(envelope(run_id), holder="b", lease=30)
+    started = claim(ledger, envelope(run_id), holder="b", lease=30)
 
     assert started.decision is Begin.SKIP
     run = run_of(run_id)
@@ -125,11 +129,11 @@ def test_a_finished_run_is_skipped_whatever_its_lease_said():
 def test_the_heartbeat_extends_only_the_leases_its_holder_still_holds():
     run_id = dispatch_work()
     ledger = RunLedger()
-    ledger.begin(envelope(run_id), holder="stuck", lease=1)
+    claim(ledger, envelope(run_id), holder="stuck", lease=1)
     TaskRun.objects.filter(run_id=run_id).update(
         lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
-    ledger.begin(envelope(run_id), holder="next", lease=1)
+    claim(ledger, envelope(run_id), holder="next", lease=1)
 
     lost = ledger.extend([Lease(run_id, "stuck", seconds=600, interval=1)])
     kept = ledger.extend([Lease(run_id, "next", seconds=600, interval=1)])
@@ -143,10 +147,10 @@ def test_the_heartbeat_extends_only_the_leases_its_holder_still_holds():
 def test_a_run_given_back_at_shutdown_is_free_for_the_next_claim_at_once():
     run_id = dispatch_work()
     ledger = RunLedger()
-    ledger.begin(envelope(run_id), holder="stopping", lease=600)
+    claim(ledger, envelope(run_id), holder="stopping", lease=600)
 
     ledger.requeued(run_id, holder="stopping")
-    started = ledger.begin(envelope(run_id), holder="next", lease=600)
+    started = claim(ledger, envelope(run_id), holder="next", lease=600)
 
     assert (started.decision, started.receive_count) == (Begin.RUN, 2)
 
@@ -155,8 +159,8 @@ def test_an_operator_requeue_leaves_a_succeeded_run_and_a_held_run_alone():
     succeeded, held = dispatch_work(), dispatch_work()
     ledger = RunLedger()
     for run_id in (succeeded, held):
-        ledger.begin(envelope(run_id), holder="a", lease=600)
-    ledger.succeeded(succeeded)
+        claim(ledger, envelope(run_id), holder="a", lease=600)
+    ledger.succeeded_many([Lease(succeeded, "a", seconds=600, interval=10)])
 
     assert not requeue_failed_run(succeeded)
     assert not requeue_failed_run(held)

@@ -10,7 +10,7 @@ from common.errors import Conflict, Forbidden, InvalidInput, NotFound
 from outbox.catalog import RetryPolicy
 from outbox.handlers import get_handler, task
 from outbox.task_errors import PermanentError, is_permanent
-from worker.processor import backoff_with_jitter
+from worker.retries import backoff_with_jitter
 
 
 @pytest.mark.parametrize("error", [PermanentError, InvalidInput, NotFound, Forbidden, BadMessage])

@@ -20,6 +20,7 @@ from outbox.models import PlatformOutboxMessage, TaskRun
 from outbox.runs import Begin, Lease, RunLedger
 from outbox.services import dispatch
 from tests.worker.conftest import (
+    claim,
     dispatch_work,
     executions,
     run_finished,
@@ -130,9 +131,9 @@ def test_one_claim_statement_sorts_a_window_into_run_busy_and_duplicate():
     ledger = RunLedger()
     run_ids = [str(uuid.uuid4()) for _ in range(4)]
     held, done = run_ids[1], run_ids[3]
-    ledger.begin(envelope(held), holder="other", lease=60)
-    ledger.begin(envelope(done), holder="earlier", lease=60)
-    ledger.succeeded(done)
+    claim(ledger, envelope(held), holder="other", lease=60)
+    claim(ledger, envelope(done), holder="earlier", lease=60)
+    ledger.succeeded_many([Lease(done, "earlier", 60, 20)])
 
     window = [(envelope(run_id), f"h{n}", 60.0) for n, run_id in enumerate(run_ids)]
     started = ledger.begin_many(window)
@@ -155,8 +156,8 @@ def test_one_claim_statement_sorts_a_window_into_run_busy_and_duplicate():
 def test_a_success_is_recorded_only_by_the_holder_still_holding_the_run():
     ledger = RunLedger()
     mine, taken_over = str(uuid.uuid4()), str(uuid.uuid4())
-    ledger.begin(envelope(mine), holder="me", lease=60)
-    ledger.begin(envelope(taken_over), holder="me", lease=60)
+    claim(ledger, envelope(mine), holder="me", lease=60)
+    claim(ledger, envelope(taken_over), holder="me", lease=60)
     TaskRun.objects.filter(run_id=taken_over).update(lease_holder="successor")
 
     marked = ledger.succeeded_many([Lease(mine, "me", 60, 20), Lease(taken_over, "me", 60, 20)])

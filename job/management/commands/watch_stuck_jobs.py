@@ -31,21 +31,26 @@ the lock); they may each re-send a power-on, which is idempotent.
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
 from automation.machines.services import machines_stop_idle
 from common.context import log_context
 from common.metrics import Heartbeat, serve_metrics
 from common.ways_forward import Repaired, stranded_checks
+from job.monitor import (
+    Settlement,
+    job_settle_lost,
+    jobs_renew_leases_after_outage,
+    jobs_resend_power_on,
+    jobs_restart_silent_workers,
+    monitor_cycle_ended,
+)
 from job.monitor_metrics import (
     MONITOR_CYCLES,
     MONITOR_JOBS,
@@ -54,15 +59,7 @@ from job.monitor_metrics import (
     STRANDED_UNREPAIRED,
 )
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
-from job.services import (
-    Settlement,
-    job_settle_lost,
-    jobs_renew_leases_after_outage,
-    jobs_resend_power_on,
-    jobs_restart_silent_workers,
-    monitor_cycle_ended,
-)
-from lifecycle import Stop
+from lifecycle.daemon import Daemon
 
 logger = logging.getLogger("hubdommed.monitor")
 
@@ -146,35 +143,23 @@ class CycleCounts:
                 STRANDED_UNREPAIRED.labels(machine=machine).set(self.stranded.unrepaired[machine])
 
 
-class Command(BaseCommand):
+class Command(Daemon):
     help = (
         "Rescue stuck jobs: power machines on again for long-pending jobs, settle running "
         "jobs whose worker was lost, stop idle ec2 machines, and give a way forward again to "
         "the rows of every state machine that nothing would move."
     )
+    name = "monitor"
+    interval_setting = "MONITOR_INTERVAL_SECONDS"
+    logger = logger
+    log_context = staticmethod(log_context)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.stop = Stop()
-        self.cycles = 0
-        self.interval = settings.MONITOR_INTERVAL_SECONDS
         self.heartbeat = Heartbeat("monitor", settings.LIVENESS_FILE)
         # The stranded rows a check could not move, by machine, as last reported: each is
         # logged when it first shows up, not again while it stays stranded.
         self.unrepaired: dict[str, set[tuple[str, str]]] = {}
-
-    def add_arguments(self, parser):
-        parser.add_argument("--once", action="store_true", help="run one cycle, then exit")
-        parser.add_argument(
-            "--interval",
-            type=float,
-            default=None,
-            help="seconds between cycles (default: MONITOR_INTERVAL_SECONDS, 30)",
-        )
-
-    @property
-    def shutdown(self) -> bool:
-        return self.stop.requested
 
     # -- step methods (tested directly) --------------------------------------------------------
 
@@ -274,20 +259,16 @@ class Command(BaseCommand):
             )
         self.unrepaired[machine] = left
 
-    @staticmethod
-    def _database_away(step: str, exc: Exception) -> None:
+    def _database_away(self, step: str, exc: Exception) -> None:
         # One line, no traceback; the next step (or cycle) starts on a new connection.
         logger.warning("monitor step %s: database unreachable (%s)", step, exc)
-        connection.close()
+        self.drop_connection()
         MONITOR_STEP_ERRORS.labels(step=step).inc()
 
-    def run_cycle(self) -> CycleCounts:
-        # What a cycle causes (power-ons, settled jobs' events) and what it logs share an id
-        # of the cycle's own, never one the process would keep from its first cycle on.
-        with log_context(correlation_id=str(uuid.uuid4())):
-            return self._run_cycle()
+    # -- the cycle (lifecycle.daemon runs it) --------------------------------------------------
 
-    def _run_cycle(self) -> CycleCounts:
+    def cycle(self) -> CycleCounts:
+        """Every step, each alone: one that fails is counted and the others still run."""
         counts = CycleCounts()
         for step, keep in (
             (self.renew_leases_after_outage, "leases_renewed"),
@@ -297,11 +278,9 @@ class Command(BaseCommand):
             (self.stop_idle_machines, "machines_stopped"),
             (self.repair_stranded_rows, "stranded"),
         ):
-            # A connection the database dropped (a restart, a terminated backend, an idle
-            # timeout) is replaced before each step, not found dead by it. Not inside a
-            # caller's transaction (a test, a shell): that connection is the caller's.
-            if not connection.in_atomic_block:
-                close_old_connections()
+            # A connection the database dropped is replaced before each step too: the
+            # steps before may have taken long enough for it to go.
+            self.guard_connection()
             try:
                 setattr(counts, keep, step())
             except (OperationalError, InterfaceError) as exc:
@@ -319,43 +298,15 @@ class Command(BaseCommand):
             counts.errors += 1
             MONITOR_STEP_ERRORS.labels(step="monitor_cycle_ended").inc()
         counts.errors += len(counts.stranded.failed)
-        self.cycles += 1
         counts.count()
         logger.info(counts.line())
-        # Alive: a cycle went round, whatever its steps met (an outage is not a hang).
-        self.heartbeat.beat()
         return counts
 
-    # -- the loop ------------------------------------------------------------------------------
-
-    def handle(self, *args, once: bool = False, interval: float | None = None, **options) -> str:
-        interval = settings.MONITOR_INTERVAL_SECONDS if interval is None else interval
-        if interval <= 0:
-            raise CommandError("--interval must be a positive number of seconds")
-        self.interval = interval
+    def starting(self) -> None:
         serve_metrics(settings.METRICS_PORT)
         logger.info(
             "monitor starting: every %gs; pending after %ss; ec2 idle after %ss",
-            interval,
+            self.interval,
             settings.MONITOR_PENDING_SECONDS,
             settings.MONITOR_EC2_IDLE_SECONDS,
         )
-        if once:
-            self.run_cycle()
-        else:
-            self.run_forever(interval)
-        return f"monitor stopped after {self.cycles} cycles"
-
-    def run_forever(self, interval: float) -> None:
-        self.stop.install()
-        while not self.shutdown:
-            started = time.monotonic()
-            # A connection the database dropped (a restart, an idle timeout) or one past
-            # DB_CONN_MAX_AGE is replaced here, as a request would at its start.
-            close_old_connections()
-            self.run_cycle()
-            self.sleep_until(started + interval)
-
-    def sleep_until(self, deadline: float) -> None:
-        # Woken by a stop: it never waits a whole interval.
-        self.stop.sleep_until(deadline)

@@ -23,13 +23,13 @@ import uuid
 
 import redis
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
-from django.db import InterfaceError, OperationalError, close_old_connections, connection
+from django.core.management.base import CommandError
 
 from broker import TransportUnavailable
 from common.context import log_context
-from common.metrics import serve_metrics
-from lifecycle import Backoff, Stop
+from common.metrics import Heartbeat, serve_metrics
+from lifecycle import Backoff
+from lifecycle.daemon import Daemon
 from outbox.metrics import OutboxBacklogCollector
 from relay import metrics
 from relay.engine import OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX, OutboxRelay
@@ -43,25 +43,22 @@ SCHEDULE_CHECK_INTERVAL = 1.0
 BLPOP_SLICE = 1.0
 
 
-class Command(BaseCommand):
+class Command(Daemon):
     help = "Deliver committed outbox rows to the broker (RabbitMQ or SQS) as they become due."
+    name = "relay"
+    # The sweep: the longest wait between two passes when no commit wakes the relay.
+    interval_setting = "RELAY_SWEEP_INTERVAL"
+    logger = logger
+    log_context = staticmethod(log_context)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.stop = Stop()
         self._relay: OutboxRelay | None = None
         self._redis: redis.Redis | None = None
         self._redis_down = False
         self._schedules_checked_at = float("-inf")
         # Consecutive passes the database failed, and the pause they call for.
         self._database = Backoff(OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX)
-
-    def add_arguments(self, parser):
-        parser.add_argument("--once", action="store_true", help="drain what is due once, then exit")
-
-    @property
-    def shutdown(self) -> bool:
-        return self.stop.requested
 
     @property
     def database_outages(self) -> int:
@@ -72,6 +69,11 @@ class Command(BaseCommand):
         if self._relay is None:
             self._relay = OutboxRelay()
         return self._relay
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        # The engine's own: it beats after each batch too, so a long drain is not a hang.
+        return self.relay.heartbeat
 
     # -- step methods (tested directly) --------------------------------------------------------
 
@@ -91,12 +93,8 @@ class Command(BaseCommand):
     def drain(self) -> None:
         """Batches until nothing is due (or the broker is unreachable, or we are asked to
         stop), more than one in flight where the transport allows it."""
-        # A connection the database dropped while the relay was idle (a restart, a
-        # terminated backend) is replaced here, not found dead by the first statement:
-        # with CONN_HEALTH_CHECKS, the first query after this checks it. Not inside a
-        # caller's transaction (a test, a shell): that connection is the caller's.
-        if not connection.in_atomic_block:
-            close_old_connections()
+        # With CONN_HEALTH_CHECKS, the first query after the guard checks the connection.
+        self.guard_connection()
         if time.monotonic() - self._schedules_checked_at >= SCHEDULE_CHECK_INTERVAL:
             self.enqueue_due_schedules()
         self.relay.drain(stop=lambda: self.shutdown)
@@ -104,7 +102,7 @@ class Command(BaseCommand):
     def wait_for_signal(self, timeout: float | None = None) -> None:
         """Block until the wake signal or ``timeout`` (the sweep interval), whichever comes
         first; SIGTERM ends the wait within a slice."""
-        timeout = settings.RELAY_SWEEP_INTERVAL if timeout is None else timeout
+        timeout = self.interval if timeout is None else timeout
         deadline = time.monotonic() + timeout
         source = None
         try:
@@ -146,9 +144,45 @@ class Command(BaseCommand):
             )
         return self._redis
 
-    # -- the loop ------------------------------------------------------------------------------
+    # -- the cycle (lifecycle.daemon runs it) --------------------------------------------------
 
-    def handle(self, *args, once: bool = False, **options) -> str:
+    def cycle(self) -> None:
+        self.drain()
+        if self.database_outages:
+            logger.info("database reachable again after %d failed passes", self.database_outages)
+            self._database.reset()
+
+    def run_once(self) -> None:
+        # One drain, its errors the command's own: an operator running it by hand sees them.
+        self.drain()
+
+    def database_away(self, exc: Exception) -> None:
+        """The database went away (or dropped this connection): one line, no traceback:
+        an outage is expected, and the next pass reconnects."""
+        self._database.failed()
+        self.drop_connection()
+        logger.warning(
+            "database unreachable (%s); retrying in %.1f s",
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            self.database_backoff,
+        )
+
+    def cycle_failed(self) -> None:
+        # A bug: say so, wait, carry on (with a fresh database connection).
+        logger.exception("relay pass failed; retrying after the sweep interval")
+        self.drop_connection()
+
+    def pause(self, started: float) -> None:
+        """Until a commit's signal or the sweep; while the database or the broker is away,
+        a short backoff instead (either may be back by then)."""
+        if self.database_outages:
+            self.wait_for_signal(self.database_backoff)
+        elif self.relay.outages:
+            self.wait_for_signal(self.relay.outage_backoff)
+        else:
+            self.wait_for_signal()
+
+    def starting(self) -> None:
         if not settings.RELAY_ENABLED:
             raise CommandError(
                 "The relay is disabled here. Exactly one service per environment runs it: "
@@ -162,69 +196,22 @@ class Command(BaseCommand):
             "relay starting: broker=%s batch=%d sweep=%gs wake key=%s",
             settings.BROKER,
             self.relay.batch_size,
-            settings.RELAY_SWEEP_INTERVAL,
+            self.interval,
             settings.OUTBOX_WAKE_KEY,
         )
         try:
             self.relay.transport.setup_topology()
         except TransportUnavailable as exc:
             logger.warning("broker unreachable at start (%s); will keep trying", exc)
-        try:
-            if once:
-                self.drain()
-            else:
-                self.run_forever()
-        finally:
-            self.relay.close()
-            if self._redis is not None:
-                self._redis.close()
-        return f"relay stopped: {self.relay.sent} messages sent in {self.relay.batches} batches"
 
-    def run_forever(self) -> None:
-        self.stop.install()
-        while not self.shutdown:
-            self.relay.heartbeat.beat()
-            try:
-                self.drain()
-            except (OperationalError, InterfaceError) as exc:
-                self._database_failed(exc)
-                self.wait_for_signal(self.database_backoff)
-                continue
-            except Exception:
-                # A bug: say so, wait, carry on (with a fresh database connection).
-                logger.exception("relay pass failed; retrying after the sweep interval")
-                self._drop_connection()
-                self.wait_for_signal()
-                continue
-            if self.database_outages:
-                logger.info(
-                    "database reachable again after %d failed passes", self.database_outages
-                )
-                self._database.reset()
-            if self.shutdown:
-                break
-            # While the broker is away: retry after a short backoff, or as soon as a commit
-            # signals new rows (either may find it back).
-            self.wait_for_signal(self.relay.outage_backoff if self.relay.outages else None)
+    def finished(self) -> None:
+        self.relay.close()
+        if self._redis is not None:
+            self._redis.close()
+
+    def summary(self) -> str:
+        return f"relay stopped: {self.relay.sent} messages sent in {self.relay.batches} batches"
 
     @property
     def database_backoff(self) -> float:
         return self._database.pause
-
-    def _database_failed(self, exc: Exception) -> None:
-        """The database went away (or dropped this connection): one line, no traceback:
-        an outage is expected, and the next pass reconnects."""
-        self._database.failed()
-        self._drop_connection()
-        logger.warning(
-            "database unreachable (%s); retrying in %.1f s",
-            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-            self.database_backoff,
-        )
-
-    @staticmethod
-    def _drop_connection() -> None:
-        try:
-            connection.close()
-        except Exception:  # already broken: nothing left to save
-            logger.debug("closing the database connection failed", exc_info=True)

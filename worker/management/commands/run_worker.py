@@ -29,6 +29,7 @@ from broker.consume_loop import ConsumeLoop
 from broker.topology import QUEUES
 from common.metrics import serve_metrics
 from lifecycle import Backoff, Stop
+from lifecycle.startup import stopped_during_startup
 from worker.builders import build_automation_worker, build_task_worker
 
 logger = logging.getLogger("hubdommed.worker")
@@ -47,6 +48,13 @@ def parse_queues(value: str | list[str]) -> list[str]:
 
 class Command(BaseCommand):
     help = "Run background tasks from the given queues (default: QUEUES)."
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Set by SIGTERM or SIGINT from the start of ``handle`` on, before anything slow
+        # (the handlers' imports, the broker, the hub); the consume loop's own stop
+        # follows it once the loop is built.
+        self.stop = Stop()
 
     def add_arguments(self, parser):
         parser.add_argument(
@@ -81,6 +89,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, queues: str, concurrency: int, automation: str | None, **options):
+        # Asked twice: leave now. Unsettled messages come back by themselves.
+        self.stop.install(twice=lambda: os._exit(1))
+        if stopped_during_startup():
+            self.stop.set()
         if automation:
             return self.run_automation_worker(
                 automation,
@@ -90,6 +102,8 @@ class Command(BaseCommand):
         destinations = parse_queues(queues)
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
+        if self.stop.requested:
+            self._exit_now("worker stopped before it started")
         # The hub's background worker only: an automation's worker runs on its machine,
         # beside others the local provider starts with the same environment.
         serve_metrics(settings.METRICS_PORT)
@@ -99,7 +113,7 @@ class Command(BaseCommand):
             stop_budget=settings.WORKER_STOP_BUDGET,
             ready_file=settings.WORKER_READY_FILE or None,
         )
-        self._install_signals(worker.loop)
+        self._follow_stop(worker.loop)
         summary = worker.summary(worker.run())
         self._exit_now(summary)
 
@@ -121,8 +135,13 @@ class Command(BaseCommand):
         credential = os.environ.get("HUBDOMMED_WORKER_CREDENTIAL", "")
         if not credential:
             raise CommandError("HUBDOMMED_WORKER_CREDENTIAL must hold this worker's credential")
+        if self.stop.requested:
+            return f"worker of {slug} stopped before it started"
         client = HubClient(settings.HUB_URL, credential)
         info = self._wait_for_hub(client)
+        if info is None:
+            client.close()
+            return f"worker of {slug} stopped before the hub answered"
         if info.slug != slug:
             raise CommandError(f"this credential belongs to automation {info.slug!r}, not {slug!r}")
         runtime = build_automation_worker(
@@ -133,14 +152,14 @@ class Command(BaseCommand):
             outcomes_dir=outcomes_dir(slug),
             ready_file=settings.WORKER_READY_FILE or None,
         )
-        self._install_signals(runtime.loop)
+        self._follow_stop(runtime.loop)
         return runtime.run(release_machine=release_machine_lock)
 
-    def _wait_for_hub(self, client: HubClient) -> AutomationInfo:
+    def _wait_for_hub(self, client: HubClient) -> AutomationInfo | None:
         """Who this worker is, asked of the hub; a hub that does not answer yet (starting,
-        restarting) is waited for, a refusal (a credential that does not work) is final."""
-        stop = Stop()
-        stop.install()
+        restarting) is waited for, a refusal (a credential that does not work) is final.
+        None: stopped before the hub answered (a clean exit, like any other stop)."""
+        stop = self.stop
         backoff = Backoff(0.5, settings.AGENT_REPORT_BACKOFF_MAX, jitter=True)
         while True:
             try:
@@ -156,11 +175,13 @@ class Command(BaseCommand):
                     exc,
                 )
                 if stop.wait(pause):
-                    raise CommandError("stopped before the hub answered") from exc
+                    return None
 
-    def _install_signals(self, loop: ConsumeLoop) -> None:
-        # Asked twice: leave now. Unsettled messages come back by themselves.
-        loop.stop_flag.install(twice=lambda: os._exit(1))
+    def _follow_stop(self, loop: ConsumeLoop) -> None:
+        """The loop stops with the command: at once when the stop came while it was built."""
+        self.stop.on_stop(loop.stop)
+        if self.stop.requested:
+            loop.stop()
 
 
 def release_machine_lock() -> None:

@@ -1,0 +1,35 @@
+"""A stop asked for while a daemon is still starting.
+
+Between ``manage.py`` starting and a daemon's ``handle`` installing its own handlers lie
+Django's set-up (every app imported) and the daemon's own module: a second or more on a
+busy machine. A SIGTERM then (an orchestrator scaling down, a deploy that changed its
+mind) must still be a clean exit 0, not a death by signal that alerts someone. So
+``manage.py`` calls ``catch_stop_during_startup`` before it imports Django; the flag it
+installs only records the stop, and the daemon, once its handlers take over, stops at
+once when it finds it set (``lifecycle.daemon``, ``run_worker``).
+
+Other commands (``migrate``, ``shell``) keep the default: a SIGTERM ends them there and then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from lifecycle import Stop
+
+# The commands that run until told to stop. A new daemon adds its name here.
+DAEMONS = frozenset({"run_relay", "run_scheduler", "run_worker", "watch_stuck_jobs"})
+
+_during_startup = Stop()
+
+
+def catch_stop_during_startup(argv: Sequence[str]) -> None:
+    """When ``argv`` starts a daemon, let SIGTERM and SIGINT only record the stop from now
+    until the daemon installs its own handlers."""
+    if len(argv) > 1 and argv[1] in DAEMONS:
+        _during_startup.install()
+
+
+def stopped_during_startup() -> bool:
+    """True when a stop was asked for before the daemon's own handlers were in place."""
+    return _during_startup.requested
