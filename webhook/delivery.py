@@ -32,8 +32,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from job.api.serializers import JobOutput
-from job.selectors import job_get
+from job.selectors import job_get, job_public
 from outbox.listeners import RecordedEvent
 from outbox.services import dispatch
 from webhook import transport
@@ -132,7 +131,7 @@ def _body(event: RecordedEvent) -> str:
     job_id = event.payload.get("job_id") if event.aggregate_type == "Job" else None
     if isinstance(job_id, int):
         job = job_get(tenant=event.tenant_id, job_id=job_id)
-        data["job"] = JobOutput(job).data if job is not None else None
+        data["job"] = job_public(job) if job is not None else None
     body = {"type": event.type, "timestamp": event.occurred_at.isoformat(), "data": data}
     return json.dumps(body, separators=(",", ":"), default=str)
 
