@@ -41,6 +41,7 @@ import pytest
 import redis
 
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import process_environment
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,12 +58,6 @@ def _close_leftovers() -> None:
     for service in list(_ALIVE):
         with contextlib.suppress(Exception):
             service.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def _port_open(port: int) -> bool:

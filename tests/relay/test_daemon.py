@@ -4,7 +4,6 @@ and the periodic tasks it enqueues."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,15 +21,10 @@ from outbox.services import dispatch
 from relay.management.commands.run_relay import Command
 from relay.models import RelaySchedule
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import process_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_the_relay_refuses_to_start_without_the_relay_flag(settings):
@@ -53,7 +47,7 @@ def test_run_relay_once_drains_what_is_due_and_exits(rabbit):
 
 
 def test_with_redis_down_the_relay_keeps_sweeping_and_says_so_once(settings, caplog, rabbit):
-    settings.REDIS_URL = f"redis://127.0.0.1:{closed_port()}/0"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     settings.RELAY_SWEEP_INTERVAL = 0.05
     command = Command(stdout=StringIO(), stderr=StringIO())
     with transaction.atomic():

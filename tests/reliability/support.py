@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,8 @@ import pika.exceptions
 import psycopg
 import requests
 
+from tests.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("CHAOS", "").strip().lower() == "full"
 FIGURES_DIR = ROOT / "var" / "reliability"
@@ -38,12 +39,6 @@ FIGURES_DIR = ROOT / "var" / "reliability"
 def scaled(quick, full):
     """The quick figure (``make test``) or the full one (``make chaos``, ``CHAOS=full``)."""
     return full if FULL else quick
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for(
