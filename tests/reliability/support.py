@@ -29,6 +29,7 @@ import pika.exceptions
 import psycopg
 import requests
 
+from tests.polling import wait_until
 from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,15 +45,8 @@ def scaled(quick, full):
 def wait_for(
     condition: Callable[[], object], *, timeout: float, what: str, every: float = 0.1
 ) -> object:
-    """Poll until ``condition`` gives something true; fail naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"gave up after {timeout:g} s waiting for {what}")
-        time.sleep(every)
+    """``tests.polling.wait_until`` in the scenarios' words: fail naming ``what``."""
+    return wait_until(condition, timeout=timeout, interval=every, message=what)
 
 
 # -- figures ---------------------------------------------------------------------------------
