@@ -177,17 +177,29 @@ class PrivatePostgres:
             conn.execute(statement)
 
     def terminate_backends(self, dbname: str | None = None) -> int:
-        """Drop every client connection (of one database, or all); how many were dropped."""
+        """Drop every client connection (of one database, or all); how many were dropped.
+
+        Returns once those backends have exited (pg_terminate_backend only signals them):
+        from then on, every client that held one finds its connection dead.
+        """
         rows = self.execute(
             """
-            SELECT count(pg_terminate_backend(pid))
+            SELECT pid, pg_terminate_backend(pid)
               FROM pg_stat_activity
              WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'
                AND (%(db)s::text IS NULL OR datname = %(db)s::text)
             """,
             {"db": dbname},
         )
-        return rows[0][0]
+        terminated = [pid for pid, signalled in rows if signalled]
+        wait_until(
+            lambda: (
+                not self.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [terminated])
+            ),
+            timeout=30,
+            message=f"terminated backends {terminated} to exit",
+        )
+        return len(terminated)
 
     def close(self) -> None:
         """Stop the server (immediately) and remove its folder."""
