@@ -8,6 +8,9 @@ server fails to start. Ports below that range are never handed out to outgoing
 connections. Each pytest-xdist worker (``PYTEST_XDIST_WORKER``: gw0, gw1, ...) draws from
 a slice of its own, so two workers of one run never pick the same port; within a slice a
 port is checked free by binding it, and not handed out again by one process soon after.
+Runs beside each other on one machine (each with its own ``QUEUE_PREFIX``) mostly draw
+from different blocks of slices: a port checked free by one could be taken by the other
+before its server binds it.
 """
 
 from __future__ import annotations
@@ -17,14 +20,17 @@ import random
 import re
 import socket
 import threading
+import zlib
 from collections import deque
 
 HOST = "127.0.0.1"
 # 20000-31999: under Linux's default ephemeral range (32768-60999), above the well-known
-# services' ports the machine runs (PostgreSQL, RabbitMQ, Redis, Erlang's epmd).
+# services' ports the machine runs (PostgreSQL, RabbitMQ, Redis, Erlang's epmd). Six blocks
+# (one a run) of eight slices (one a worker) of 250 ports.
 FIRST_PORT = 20000
-SLICE = 1000
-SLICES = 12
+SLICE = 250
+SLICES_PER_BLOCK = 8
+BLOCKS = 6
 
 _lock = threading.Lock()
 # The ports handed out lately: not again while their servers may still be starting. Bounded,
@@ -38,6 +44,12 @@ def worker_slot() -> int:
     return 1 + int(match.group(1)) if match else 0
 
 
+def run_block() -> int:
+    """This run's block of slices, from the names it keeps apart from other runs'."""
+    names = os.environ.get("QUEUE_PREFIX", "") + os.environ.get("DATABASE_URL", "")
+    return zlib.crc32(names.encode()) % BLOCKS
+
+
 def _bindable(port: int) -> bool:
     with socket.socket() as sock:
         try:
@@ -49,7 +61,8 @@ def _bindable(port: int) -> bool:
 
 def free_port() -> int:
     """A loopback port nothing listens on, from this worker's slice."""
-    start = FIRST_PORT + (worker_slot() % SLICES) * SLICE
+    block = run_block() * SLICES_PER_BLOCK
+    start = FIRST_PORT + (block + worker_slot() % SLICES_PER_BLOCK) * SLICE
     # A random place to begin: another run on the machine (its own gw0) walks the same
     # slice, and rarely from the same place.
     offset = random.randrange(SLICE)
