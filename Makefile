@@ -50,7 +50,7 @@ test:
 # (tests/conftest.py groups them); TEST_WORKERS=0 runs everything in this one process.
 suite: lint db
 	$(BIN)/python manage.py makemigrations --check --dry-run
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The reliability suite at full size: 10,000 jobs under relay kills, 30-s outages, poison
 # rows, crashed workers, and the 30-minute soak, which runs beside the other scenarios

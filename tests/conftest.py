@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
 from pathlib import Path
 
 import pika
@@ -58,11 +59,21 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """One xdist group a file (``--dist loadgroup``): a file's tests share module fixtures
     and private services, and some run in an order. The reliability scenarios form one group,
-    so that no two of them load the machine at once (their figures would mean nothing)."""
+    so that no two of them load the machine at once (their figures would mean nothing).
+
+    Groups are handed out in the order of the items (``make test`` passes
+    ``--no-loadscope-reorder``): the reliability group first, as it is the longest by far
+    and runs on one worker, then the others, the largest first. After pytest-django's
+    reordering (trylast), which keeps the order of a group's own items.
+    """
+    groups = {}
     for item in items:
         path = Path(item.path)
         group = "reliability" if RELIABILITY in path.parents else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
+        groups[item] = group
+    sizes = Counter(groups.values())
+    items.sort(key=lambda item: (groups[item] != "reliability", -sizes[groups[item]]))
 
 
 @pytest.fixture(scope="session", autouse=True)
