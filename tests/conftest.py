@@ -76,6 +76,34 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: (groups[item] != "reliability", -sizes[groups[item]]))
 
 
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A test ends with its database connection outside any transaction.
+
+    One left inside an atomic block (a savepoint entered and never left, a transaction that
+    outlived its test) would put every later test of this process under it: they would
+    fail on TransactionManagementError, far from the cause. The connection is dropped and
+    its bookkeeping reset, and the test that left it so fails here, named.
+    """
+    result = yield
+    from django.db import connections
+
+    leaked = [alias for alias in connections if connections[alias].in_atomic_block]
+    for alias in leaked:
+        conn = connections[alias]
+        conn.atomic_blocks.clear()
+        conn.savepoint_ids.clear()
+        conn.in_atomic_block = False
+        conn.needs_rollback = False
+        conn.closed_in_transaction = False
+        conn.close()  # outside a transaction now: the server rolls back what it held
+    if leaked:
+        raise RuntimeError(
+            f"{item.nodeid} left the database connection {leaked} inside a transaction"
+        )
+    return result
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _flush_by_delete():
     """Transactional tests empty the tables with DELETE, not TRUNCATE.
