@@ -42,7 +42,7 @@ import redis
 
 from tests.polling import wait_until
 from tests.ports import free_port
-from tests.processes import process_environment
+from tests.processes import process_environment, wait_until_it_handles
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -457,8 +457,10 @@ class Daemon:
         return wait_until(found, timeout=timeout, message=f"a log line with {text!r}")
 
     def stop(self, timeout: float = 20) -> int:
-        """SIGTERM, wait (SIGKILL past ``timeout``); the exit code."""
+        """SIGTERM once the daemon handles it, wait (SIGKILL past ``timeout``); the exit
+        code."""
         if self.process.poll() is None:
+            wait_until_it_handles(self.process, signal.SIGTERM, timeout=60)
             self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(timeout)

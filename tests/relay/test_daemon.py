@@ -22,7 +22,7 @@ from relay.management.commands.run_relay import Command
 from relay.models import RelaySchedule
 from tests.polling import wait_until
 from tests.ports import free_port
-from tests.processes import process_environment
+from tests.processes import process_environment, wait_until_it_handles
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,6 +95,7 @@ def test_the_daemon_wakes_on_a_commit_well_before_its_sweep_and_exits_0_on_sigte
         assert received is not None, "the relay waited for its sweep instead of the signal"
         assert received[1]["run_id"] == str(run_id)
     finally:
+        wait_until_it_handles(process, signal.SIGTERM)
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=20)
 
@@ -180,6 +181,7 @@ def test_the_daemon_reconnects_after_the_database_drops_its_connection(settings,
         assert received is not None, "the relay never got its database connection back"
         assert received[1]["run_id"] == str(run_id)
     finally:
+        wait_until_it_handles(process, signal.SIGTERM)
         process.send_signal(signal.SIGTERM)
         _out, err = process.communicate(timeout=20)
     assert process.returncode == 0, err

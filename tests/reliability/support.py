@@ -31,6 +31,7 @@ import requests
 
 from tests.polling import wait_until
 from tests.ports import free_port
+from tests.processes import wait_until_it_handles
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("CHAOS", "").strip().lower() == "full"
@@ -394,10 +395,14 @@ class Stack:
 
     @staticmethod
     def signal_process(process: subprocess.Popen, signum: int) -> None:
+        """SIGKILL to the group; another signal to the process once it handles that signal
+        (signalled before, a daemon still starting dies by it instead of stopping)."""
         with contextlib.suppress(ProcessLookupError):
             if signum == signal.SIGKILL:
                 os.killpg(process.pid, signum)
             else:
+                with contextlib.suppress(TimeoutError):
+                    wait_until_it_handles(process, signum, timeout=30)
                 process.send_signal(signum)
 
     def close(self) -> None:
