@@ -8,7 +8,11 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test chaos lint format migrate db install clean
+# The suite's processes (pytest-xdist). Most of the suite waits on PostgreSQL, RabbitMQ and
+# subprocesses, not on a core: more workers than cores pays off.
+TEST_WORKERS ?= 4
+
+.PHONY: run test suite chaos lint format migrate db install clean
 
 # Reinstall only when the declared dependencies change: fast when already done.
 $(STAMP): pyproject.toml
@@ -37,9 +41,16 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: lint db
+# `make test` runs the suite and says how long it took in all (lint and setup included).
+test:
+	@started=$$(date +%s); $(MAKE) --no-print-directory suite; status=$$?; \
+	echo "make test: $$(( $$(date +%s) - started )) s in all"; exit $$status
+
+# The tests of one file run on one worker, the reliability scenarios all on one
+# (tests/conftest.py groups them); TEST_WORKERS=0 runs everything in this one process.
+suite: lint db
 	$(BIN)/python manage.py makemigrations --check --dry-run
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The reliability suite at full size: 10,000 jobs under relay kills, 30-s outages, poison
 # rows, crashed workers, and the 30-minute soak, which runs beside the other scenarios

@@ -67,21 +67,32 @@ class TokenPair:
 
 # --- Tenants ------------------------------------------------------------------------------
 
+# Tries at a slug derived from the name, each lost to a tenant created at the same moment.
+DERIVED_SLUG_ATTEMPTS = 10
+
 
 @transaction.atomic
 def tenant_create(*, name: str, slug: str | None = None, actor: User) -> Tenant:
     name = name.strip()
     if not name:
         raise InvalidInput(details={"name": ["A name is required."]})
-    slug = slug or _free_slug(name)
-    tenant = Tenant(name=name, slug=slug)
-    try:
-        with transaction.atomic():
-            tenant.save()
-    except IntegrityError:
+    # A slug derived from the name is derived again when a tenant created at the same
+    # moment took it (both saw it free): the caller chose no slug, so none is "taken" for
+    # them. A few times at most; a chosen slug is tried once.
+    for _attempt in range(1 if slug else DERIVED_SLUG_ATTEMPTS):
+        tenant = Tenant(name=name, slug=slug or _free_slug(name))
+        try:
+            with transaction.atomic():
+                tenant.save()
+            break
+        except IntegrityError:
+            continue
+    else:
         raise Conflict(
-            "Another tenant already uses this slug.", code="slug_taken", details={"slug": slug}
-        ) from None
+            "Another tenant already uses this slug.",
+            code="slug_taken",
+            details={"slug": tenant.slug},
+        )
     publish(
         "TenantCreated",
         {"tenant_id": tenant.pk, "name": tenant.name, "slug": tenant.slug},

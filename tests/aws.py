@@ -6,21 +6,16 @@ Started once per test session, on a free port; nothing reaches the internet.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
+
+from tests.ports import free_port
 
 _FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_SESSION_TOKEN": "testing",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +25,7 @@ def moto_endpoint():
 
     saved = {name: os.environ.get(name) for name in _FAKE_CREDENTIALS}
     os.environ.update(_FAKE_CREDENTIALS)
-    port = _free_port()
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:

@@ -2,12 +2,19 @@
 
 Tests talk to the real PostgreSQL, Redis and broker. Each test session uses its
 own Redis key prefix, so two runs on one machine do not steal each other's signals.
+
+The suite runs on several processes (pytest-xdist, ``make test``): each worker has its own
+test database (pytest-django names it ``test_<name>_gwN``), queue names, exchange and Redis
+keys (``pytest_configure`` below), and loopback ports (``tests/ports.py``). The tests of
+one file run on one worker, one after another; the reliability scenarios all on one.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
+from pathlib import Path
 
 import pika
 import pytest
@@ -25,6 +32,107 @@ from tests.private_services import (  # noqa: F401
     private_redis,
     running_private_rabbitmq,
 )
+
+RELIABILITY = Path(__file__).resolve().parent / "reliability"
+
+
+def pytest_configure(config):
+    """A pytest-xdist worker's own queue names, exchange and Redis keys, from its id.
+
+    Django's settings are read before this runs (pytest-django sets Django up first), so
+    the names are set on the settings themselves; ``tests.processes`` passes them on to the
+    daemons a test starts.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    settings.QUEUE_PREFIX = f"{settings.QUEUE_PREFIX}{worker}-"
+    settings.RABBITMQ_EXCHANGE = f"{settings.RABBITMQ_EXCHANGE}-{worker}"
+    settings.REDIS_KEY_PREFIX = f"{settings.REDIS_KEY_PREFIX}-{worker}"
+    settings.OUTBOX_WAKE_KEY = f"{settings.REDIS_KEY_PREFIX}:outbox:wake"
+    caches = {alias: dict(cache) for alias, cache in settings.CACHES.items()}
+    caches["default"]["KEY_PREFIX"] = settings.REDIS_KEY_PREFIX
+    settings.CACHES = caches
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """One xdist group a file (``--dist loadgroup``): a file's tests share module fixtures
+    and private services, and some run in an order. The reliability scenarios form one group,
+    so that no two of them load the machine at once (their figures would mean nothing).
+
+    Groups are handed out in the order of the items (``make test`` passes
+    ``--no-loadscope-reorder``): the reliability group first, as it is the longest by far
+    and runs on one worker, then the others, the largest first. After pytest-django's
+    reordering (trylast), which keeps the order of a group's own items.
+    """
+    groups = {}
+    for item in items:
+        path = Path(item.path)
+        group = "reliability" if RELIABILITY in path.parents else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+        groups[item] = group
+    sizes = Counter(groups.values())
+    items.sort(key=lambda item: (groups[item] != "reliability", -sizes[groups[item]]))
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """A test ends with its database connection outside any transaction.
+
+    One left inside an atomic block (a savepoint entered and never left, a transaction that
+    outlived its test) would put every later test of this process under it: they would
+    fail on TransactionManagementError, far from the cause. The connection is dropped and
+    its bookkeeping reset, and the test that left it so fails here, named.
+    """
+    result = yield
+    from django.db import connections
+
+    leaked = [alias for alias in connections if connections[alias].in_atomic_block]
+    for alias in leaked:
+        conn = connections[alias]
+        conn.atomic_blocks.clear()
+        conn.savepoint_ids.clear()
+        conn.in_atomic_block = False
+        conn.needs_rollback = False
+        conn.closed_in_transaction = False
+        conn.close()  # outside a transaction now: the server rolls back what it held
+    if leaked:
+        raise RuntimeError(
+            f"{item.nodeid} left the database connection {leaked} inside a transaction"
+        )
+    return result
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_by_delete():
+    """Transactional tests empty the tables with DELETE, not TRUNCATE.
+
+    Django's flush after each transactional test truncates every table; on PostgreSQL a
+    TRUNCATE of some sixty tables costs seconds (each is a new file, then a checkpoint of
+    the old ones), DELETE of the few rows a test wrote a few milliseconds. Foreign keys are
+    not checked meanwhile (``session_replication_role = replica``, for this transaction
+    only), so the order of the tables does not matter. A flush that resets sequences still
+    truncates.
+    """
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if reset_sequences or not tables:
+            return truncate(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        return ["SET LOCAL session_replication_role = replica"] + [
+            f"{style.SQL_KEYWORD('DELETE FROM')} {style.SQL_FIELD(self.quote_name(table))}"
+            for table in tables
+        ]
+
+    DatabaseOperations.sql_flush = sql_flush
+    yield
+    DatabaseOperations.sql_flush = truncate
+
 
 # Hypothesis: in CI the examples follow from the tests alone (the same on every run, nothing
 # to replay, so no example database), and no example is failed for its time on a busy machine.

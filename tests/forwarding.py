@@ -7,6 +7,8 @@ import contextlib
 import socket
 import threading
 
+from tests.ports import free_port
+
 
 class Forwarder:
     """Connections to ``port`` reach ``target`` while open; refused while closed (and
@@ -14,9 +16,7 @@ class Forwarder:
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self._listener: socket.socket | None = None
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()

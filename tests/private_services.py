@@ -41,7 +41,8 @@ import pytest
 import redis
 
 from tests.polling import wait_until
-from tests.processes import process_environment
+from tests.ports import free_port
+from tests.processes import process_environment, wait_until_it_handles
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
@@ -57,12 +58,6 @@ def _close_leftovers() -> None:
     for service in list(_ALIVE):
         with contextlib.suppress(Exception):
             service.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return sock.getsockname()[1]
 
 
 def _port_open(port: int) -> bool:
@@ -182,17 +177,29 @@ class PrivatePostgres:
             conn.execute(statement)
 
     def terminate_backends(self, dbname: str | None = None) -> int:
-        """Drop every client connection (of one database, or all); how many were dropped."""
+        """Drop every client connection (of one database, or all); how many were dropped.
+
+        Returns once those backends have exited (pg_terminate_backend only signals them):
+        from then on, every client that held one finds its connection dead.
+        """
         rows = self.execute(
             """
-            SELECT count(pg_terminate_backend(pid))
+            SELECT pid, pg_terminate_backend(pid)
               FROM pg_stat_activity
              WHERE pid <> pg_backend_pid() AND backend_type = 'client backend'
                AND (%(db)s::text IS NULL OR datname = %(db)s::text)
             """,
             {"db": dbname},
         )
-        return rows[0][0]
+        terminated = [pid for pid, signalled in rows if signalled]
+        wait_until(
+            lambda: (
+                not self.execute("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [terminated])
+            ),
+            timeout=30,
+            message=f"terminated backends {terminated} to exit",
+        )
+        return len(terminated)
 
     def close(self) -> None:
         """Stop the server (immediately) and remove its folder."""
@@ -450,8 +457,10 @@ class Daemon:
         return wait_until(found, timeout=timeout, message=f"a log line with {text!r}")
 
     def stop(self, timeout: float = 20) -> int:
-        """SIGTERM, wait (SIGKILL past ``timeout``); the exit code."""
+        """SIGTERM once the daemon handles it, wait (SIGKILL past ``timeout``); the exit
+        code."""
         if self.process.poll() is None:
+            wait_until_it_handles(self.process, signal.SIGTERM, timeout=60)
             self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(timeout)

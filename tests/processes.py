@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+from pathlib import Path
+
+from tests.polling import wait_until
 
 
 def process_environment(settings, **extra: str) -> dict[str, str]:
@@ -21,3 +26,31 @@ def process_environment(settings, **extra: str) -> dict[str, str]:
         "REDIS_KEY_PREFIX": settings.REDIS_KEY_PREFIX,
         **extra,
     }
+
+
+def handles(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (the kernel's
+    caught-signals mask, ``SigCgt``); False once it has gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False
+
+
+def wait_until_it_handles(
+    process: subprocess.Popen, signum: int = signal.SIGTERM, timeout: float = 30
+) -> None:
+    """Until the daemon has installed its handler for ``signum`` (or has exited).
+
+    A daemon signalled before that dies by the signal (exit -15) instead of stopping the
+    way the test means to check: a test signals a daemon only once it is ready for it.
+    """
+    wait_until(
+        lambda: process.poll() is not None or handles(process.pid, signum),
+        timeout=timeout,
+        message=f"process {process.pid} to handle signal {signum}",
+    )

@@ -12,8 +12,8 @@ from automation.params_schema import params_errors, params_schema_problem
 from job.models import Job
 from tests.automation.test_admin import CHANGELIST, form_data
 from tests.automation.test_api import payload
+from tests.clients import client_of
 from tests.factories import AutomationFactory, AutomationWithWorkerFactory, UserFactory
-from tests.job.support import client_of
 
 pytestmark = pytest.mark.django_db
 

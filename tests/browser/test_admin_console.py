@@ -19,10 +19,10 @@ from django.db import transaction
 from playwright.sync_api import Page, sync_playwright
 
 from broker import get_transport, topology
-from broker.topology import QUEUES
 from job.services import job_claim, job_create, job_fail
 from outbox.models import TaskRun
 from outbox.services import dispatch
+from tests.broker_queues import delete_queues
 from tests.factories import (
     DEFAULT_PASSWORD,
     AutomationWithWorkerFactory,
@@ -76,14 +76,7 @@ def rabbitmq(settings, exchange_name):
     finally:
         transport.close()
     yield settings
-    connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-    try:
-        channel = connection.channel()
-        for destination in QUEUES:
-            channel.queue_delete(topology.queue_name(destination))
-            channel.queue_delete(topology.dead_letter_queue_name(destination))
-    finally:
-        connection.close()
+    delete_queues(settings.RABBITMQ_URL)
 
 
 def seed_failed_job() -> int:

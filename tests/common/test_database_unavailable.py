@@ -4,13 +4,13 @@ client may retry, never a 500; and the next request after its return is served."
 from __future__ import annotations
 
 import contextlib
-import socket
 
 import pytest
 from django.db import connection
 from rest_framework.test import APIClient
 
 from identity.tokens import issue_access_token
+from tests.ports import free_port
 
 # Closing the connection mid-test needs a real transaction, not the test's wrapping one.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,9 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def database_unreachable():
     """What a stopped PostgreSQL looks like to the API: the connection is gone and a new
     one is refused (a closed port on loopback)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed_port = sock.getsockname()[1]
+    closed_port = free_port()
     saved = connection.settings_dict["PORT"]
     connection.close()
     connection.settings_dict["PORT"] = closed_port

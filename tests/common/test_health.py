@@ -1,5 +1,4 @@
 import logging
-import socket
 import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from urllib.parse import urlsplit
@@ -11,15 +10,10 @@ from django.test import Client, RequestFactory
 
 from common import health
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_live_answers_ok():
@@ -35,7 +29,7 @@ def test_ready_checks_postgres_redis_and_the_broker():
 
 
 def test_ready_names_the_dependency_that_failed(settings):
-    settings.REDIS_URL = f"redis://127.0.0.1:{closed_port()}/0"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     response = Client().get("/health/ready")
     assert response.status_code == 503
     body = response.json()
@@ -45,7 +39,7 @@ def test_ready_names_the_dependency_that_failed(settings):
 
 
 def test_ready_reports_an_unreachable_broker(settings):
-    settings.RABBITMQ_URL = f"amqp://guest:guest@127.0.0.1:{closed_port()}/%2F"
+    settings.RABBITMQ_URL = f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F"
     response = Client().get("/health/ready")
     assert response.status_code == 503
     assert response.json()["failed"] == ["broker"]
@@ -66,7 +60,7 @@ def test_ready_checks_sqs_when_it_is_the_broker(settings, moto_endpoint):
     assert response.status_code == 200, response.json()
     assert response.json()["checks"]["broker"] == "ok"
 
-    settings.SQS_ENDPOINT_URL = f"http://127.0.0.1:{closed_port()}"
+    settings.SQS_ENDPOINT_URL = f"http://127.0.0.1:{free_port()}"
     response = Client().get("/health/ready")
     assert response.status_code == 503
     assert response.json()["failed"] == ["broker"]
@@ -103,7 +97,7 @@ def through(url: str, proxy: TcpProxy) -> str:
 
 
 def test_a_failed_dependency_is_named_and_its_reason_goes_to_the_log_only(probes, caplog):
-    port = closed_port()
+    port = free_port()
     probes.REDIS_URL = f"redis://:redis-password@127.0.0.1:{port}/0"
     with caplog.at_level(logging.WARNING, logger="hubdommed.health"):
         response = Client().get("/health/ready")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -28,14 +27,9 @@ from job.services import job_create
 from tests.e2e.conftest import ROOT, job_status
 from tests.factories import PlatformAdminFactory
 from tests.polling import wait_until
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Stack:

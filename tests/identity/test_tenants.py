@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+from django.db import connection
 
 from identity.models import Tenant
 from outbox.models import Event
-from tests.factories import TenantFactory
+from tests.clients import client_of
+from tests.factories import PlatformAdminFactory, TenantFactory
 from tests.identity.support import error_of, events, outbox_counts
 
 pytestmark = pytest.mark.django_db
@@ -43,6 +47,38 @@ def test_a_derived_slug_avoids_the_taken_ones(as_admin):
     assert as_admin.post("/api/v1/tenants", {"name": "Acme"}, format="json").json()["slug"] == (
         "acme-2"
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tenants_created_at_once_with_one_name_each_get_a_slug_of_their_own():
+    # Each request derives its slug before any of the others has committed: they all see
+    # "acme" free. A caller who chose no slug is never told that it is taken.
+    admin = PlatformAdminFactory()
+    contenders = 6
+    start = threading.Barrier(contenders)
+    answers: list[tuple[int, dict]] = []
+    lock = threading.Lock()
+
+    def create() -> None:
+        try:
+            client = client_of(admin, token=True, raise_request_exception=False)
+            start.wait()
+            response = client.post("/api/v1/tenants", {"name": "Acme"}, format="json")
+            with lock:
+                answers.append((response.status_code, response.json()))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=create) for _ in range(contenders)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert [status for status, _ in answers] == [201] * contenders, answers
+    slugs = {body["slug"] for _, body in answers}
+    assert slugs == {"acme", *(f"acme-{n}" for n in range(2, contenders + 1))}
+    assert set(Tenant.objects.values_list("slug", flat=True)) == slugs
 
 
 def test_a_tenant_without_a_name_is_a_400(as_admin):

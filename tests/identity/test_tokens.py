@@ -19,7 +19,16 @@ from tests.identity.support import error_of
 
 pytestmark = pytest.mark.django_db
 
-MISSING = object()
+
+class _Missing:
+    """A claim left out of the token. Its repr names it the same in every process, so the
+    parametrized ids below agree between pytest-xdist's workers."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING = _Missing()
 
 
 def signed(member, **overrides) -> str:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from rest_framework.test import APIClient
 
+from tests.clients import client_of
 from tests.factories import AutomationFactory, UserFactory, WorkerFactory
 from tests.job.support import worker_client
 
@@ -26,9 +26,7 @@ def other_worker(db):
 
 @pytest.fixture
 def person_client(user):
-    client = APIClient()
-    client.force_authenticate(user)
-    return client
+    return client_of(user)
 
 
 @pytest.fixture

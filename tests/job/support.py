@@ -7,12 +7,6 @@ from rest_framework.test import APIClient
 from outbox.models import Event
 
 
-def client_of(person) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(person)
-    return client
-
-
 def worker_client(worker) -> APIClient:
     """A client that sends the worker's real credential, as a worker does."""
     client = APIClient()

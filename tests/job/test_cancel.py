@@ -6,8 +6,9 @@ import pytest
 
 from job.models import Job
 from outbox.models import Event
+from tests.clients import client_of
 from tests.factories import JobFactory, RunningJobFactory
-from tests.job.support import client_of, events_of
+from tests.job.support import events_of
 
 pytestmark = pytest.mark.django_db
 

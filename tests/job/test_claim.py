@@ -12,8 +12,9 @@ from rest_framework.test import APIClient
 from identity.tokens import issue_access_token
 from job.models import Job
 from outbox.models import Event
+from tests.clients import client_of
 from tests.factories import JobFactory, RunningJobFactory, WorkerFactory
-from tests.job.support import client_of, events_of, worker_client
+from tests.job.support import events_of, worker_client
 
 pytestmark = pytest.mark.django_db
 

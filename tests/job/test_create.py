@@ -10,8 +10,9 @@ from django.test import override_settings
 
 from job.models import Job
 from outbox.models import Event, OutboxMessage
+from tests.clients import client_of
 from tests.factories import AutomationFactory, UserFactory
-from tests.job.support import client_of, events_of, worker_client
+from tests.job.support import events_of, worker_client
 
 pytestmark = pytest.mark.django_db
 

@@ -12,8 +12,9 @@ from django.utils import timezone
 from job.models import Job
 from job.services import job_cancel
 from outbox.models import Event
+from tests.clients import client_of
 from tests.factories import JobFactory, RunningJobFactory
-from tests.job.support import client_of, events_of
+from tests.job.support import events_of
 
 pytestmark = pytest.mark.django_db
 

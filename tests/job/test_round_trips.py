@@ -12,12 +12,12 @@ import re
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from rest_framework.test import APIClient
 
 from identity.services import tenant_deactivate, user_deactivate
 from job.models import Job
 from outbox.models import Event, OutboxMessage, TaskRun
-from tests.factories import AutomationFactory, PlatformAdminFactory, UserFactory, bearer
+from tests.clients import client_of
+from tests.factories import AutomationFactory, PlatformAdminFactory, UserFactory
 
 # Outside the request's transaction: the caller (authentication) and the automation
 # with its schema (the checks before the writes).
@@ -54,13 +54,6 @@ def statements(captured) -> list[str]:
     return out
 
 
-def client_with_token(user) -> APIClient:
-    """A client that authenticates as a real caller does: a bearer access token."""
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=bearer(user))
-    return client
-
-
 def post_job(client, automation, **headers):
     with CaptureQueriesContext(connection) as captured:
         response = client.post(
@@ -76,7 +69,7 @@ def post_job(client, automation, **headers):
 def test_a_post_is_seven_round_trips_without_a_savepoint():
     user = UserFactory()
     automation = AutomationFactory()
-    client = client_with_token(user)
+    client = client_of(user, token=True)
 
     response, sent = post_job(client, automation)
 
@@ -94,7 +87,7 @@ def test_a_post_is_seven_round_trips_without_a_savepoint():
 def test_a_post_with_an_idempotency_key_adds_the_lookup_and_one_savepoint_only():
     user = UserFactory()
     automation = AutomationFactory()
-    client = client_with_token(user)
+    client = client_of(user, token=True)
 
     first, sent = post_job(client, automation, HTTP_IDEMPOTENCY_KEY="order-1")
     again, sent_again = post_job(client, automation, HTTP_IDEMPOTENCY_KEY="order-1")
@@ -119,7 +112,7 @@ def test_a_post_with_an_idempotency_key_adds_the_lookup_and_one_savepoint_only()
 
 @pytest.mark.django_db(transaction=True)
 def test_authentication_is_one_read_of_the_user_with_the_tenant():
-    client = client_with_token(UserFactory())
+    client = client_of(UserFactory(), token=True)
 
     with CaptureQueriesContext(connection) as captured:
         response = client.get("/api/v1/me")
@@ -133,7 +126,7 @@ def test_authentication_is_one_read_of_the_user_with_the_tenant():
 def test_a_deactivated_person_is_refused_at_their_next_post():
     user = UserFactory()
     automation = AutomationFactory()
-    client = client_with_token(user)
+    client = client_of(user, token=True)
     assert post_job(client, automation)[0].status_code == 201
 
     user_deactivate(user=user, actor=PlatformAdminFactory())
@@ -148,7 +141,7 @@ def test_a_deactivated_person_is_refused_at_their_next_post():
 def test_the_people_of_a_deactivated_tenant_are_refused_at_their_next_post():
     user = UserFactory()
     automation = AutomationFactory()
-    client = client_with_token(user)
+    client = client_of(user, token=True)
     assert post_job(client, automation)[0].status_code == 201
 
     tenant_deactivate(tenant=user.tenant, actor=PlatformAdminFactory())

@@ -11,8 +11,9 @@ import pytest
 from common.errors import Conflict
 from job.models import Job
 from outbox.models import Event, OutboxMessage
+from tests.clients import client_of
 from tests.factories import JobFactory, RunningJobFactory
-from tests.job.support import client_of, events_of
+from tests.job.support import events_of
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 LEASE = timedelta(seconds=60)

@@ -16,7 +16,7 @@ from job.models import Job
 from tests.factories import AutomationFactory
 from tests.job.support import events_of
 from tests.monitor.conftest import power_ons
-from tests.processes import process_environment
+from tests.processes import process_environment, wait_until_it_handles
 
 
 @pytest.mark.django_db
@@ -127,6 +127,7 @@ def test_sigterm_stops_the_looping_command_between_cycles_with_exit_0(settings):
                 break
         else:
             pytest.fail("the monitor ended before its first cycle")
+        wait_until_it_handles(process, signal.SIGTERM)
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=20)
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import uuid
 from datetime import timedelta
 
@@ -14,6 +13,7 @@ from django.utils import timezone
 
 from outbox.metrics import OutboxBacklogCollector
 from outbox.models import OutboxMessage, PlatformOutboxMessage
+from tests.ports import free_port
 
 PENDING = "hubdommed_outbox_pending_messages"
 OLDEST = "hubdommed_outbox_oldest_due_age_seconds"
@@ -71,9 +71,7 @@ def test_an_empty_outbox_reports_zeros_not_nothing():
 @contextlib.contextmanager
 def database_unreachable():
     """A stopped PostgreSQL as a client sees it: the connection gone, a new one refused."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        closed_port = sock.getsockname()[1]
+    closed_port = free_port()
     saved = connection.settings_dict["PORT"]
     connection.close()
     connection.settings_dict["PORT"] = closed_port

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import uuid
 from pathlib import Path
 
@@ -20,14 +19,9 @@ import requests
 from tests.e2e.conftest import job_status
 from tests.observability.conftest import samples
 from tests.polling import wait_until
+from tests.ports import free_port
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Daemon:

@@ -11,7 +11,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from tests.observability.conftest import samples
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import process_environment
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -32,12 +32,6 @@ SERVED = (
     "hubdommed_http_requests_total",
     frozenset({"route": "health/live", "method": "GET", "status": "200"}.items()),
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture

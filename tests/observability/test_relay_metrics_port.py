@@ -4,13 +4,13 @@ database is away (without the backlog, said once in the log), and reports it aga
 from __future__ import annotations
 
 import contextlib
-import socket
 
 import pytest
 import requests
 
 from tests.observability.conftest import samples
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.private_services import Daemon, private_environment
 
 pytestmark = pytest.mark.slow
@@ -20,12 +20,6 @@ OLDEST = (
     "hubdommed_outbox_oldest_due_age_seconds",
     frozenset({("table", "platform_outbox_messages")}),
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def scrape(port: int) -> dict | None:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from django.db import transaction
 
 from outbox.models import PlatformOutboxMessage
 from outbox.services import dispatch
 from outbox.wake import signal_relay
+from tests.ports import free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -39,14 +38,8 @@ def test_one_signal_per_transaction_and_the_list_stays_bounded(settings, redis_c
     assert redis_conn.llen(settings.OUTBOX_WAKE_KEY) == 1
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_with_redis_unreachable_the_transaction_still_commits(settings, caplog):
-    settings.REDIS_URL = f"redis://127.0.0.1:{closed_port()}/0"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     with transaction.atomic():
         run_id = dispatch("maintenance.purge", {})
     assert PlatformOutboxMessage.objects.filter(run_id=run_id).exists()
@@ -54,5 +47,5 @@ def test_with_redis_unreachable_the_transaction_still_commits(settings, caplog):
 
 
 def test_signal_relay_reports_failure_instead_of_raising(settings):
-    settings.REDIS_URL = f"redis://127.0.0.1:{closed_port()}/0"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     assert signal_relay() is False

@@ -19,6 +19,7 @@ from broker import topology
 from broker.sqs.publisher import sqs_client
 from broker.topology import QUEUES
 from relay.management.commands.run_relay import Command
+from tests.broker_queues import delete_queues
 
 # The automations whose own queues the tests use; their queues are cleaned up too.
 AUTOMATION_IDS = (5, 6, 77)
@@ -34,18 +35,7 @@ def broker_names(settings, exchange_name):
     # A test may point RABBITMQ_URL at a closed port; the cleanup must still reach the broker.
     url = settings.RABBITMQ_URL
     yield settings.QUEUE_PREFIX
-    _delete_rabbitmq_queues(url)
-
-
-def _delete_rabbitmq_queues(url: str) -> None:
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = conn.channel()
-        for destination in DESTINATIONS:
-            channel.queue_delete(topology.queue_name(destination))
-            channel.queue_delete(topology.dead_letter_queue_name(destination))
-    finally:
-        conn.close()
+    delete_queues(url, DESTINATIONS)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ and the periodic tasks it enqueues."""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,15 +21,10 @@ from outbox.services import dispatch
 from relay.management.commands.run_relay import Command
 from relay.models import RelaySchedule
 from tests.polling import wait_until
-from tests.processes import process_environment
+from tests.ports import free_port
+from tests.processes import process_environment, wait_until_it_handles
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_the_relay_refuses_to_start_without_the_relay_flag(settings):
@@ -53,7 +47,7 @@ def test_run_relay_once_drains_what_is_due_and_exits(rabbit):
 
 
 def test_with_redis_down_the_relay_keeps_sweeping_and_says_so_once(settings, caplog, rabbit):
-    settings.REDIS_URL = f"redis://127.0.0.1:{closed_port()}/0"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     settings.RELAY_SWEEP_INTERVAL = 0.05
     command = Command(stdout=StringIO(), stderr=StringIO())
     with transaction.atomic():
@@ -101,6 +95,7 @@ def test_the_daemon_wakes_on_a_commit_well_before_its_sweep_and_exits_0_on_sigte
         assert received is not None, "the relay waited for its sweep instead of the signal"
         assert received[1]["run_id"] == str(run_id)
     finally:
+        wait_until_it_handles(process, signal.SIGTERM)
         process.send_signal(signal.SIGTERM)
         out, err = process.communicate(timeout=20)
 
@@ -186,6 +181,7 @@ def test_the_daemon_reconnects_after_the_database_drops_its_connection(settings,
         assert received is not None, "the relay never got its database connection back"
         assert received[1]["run_id"] == str(run_id)
     finally:
+        wait_until_it_handles(process, signal.SIGTERM)
         process.send_signal(signal.SIGTERM)
         _out, err = process.communicate(timeout=20)
     assert process.returncode == 0, err

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 
 import pika.exceptions
 import psycopg
@@ -110,18 +111,36 @@ def sent(pg, database: str) -> int:
     )[0][0]
 
 
+def passes_begun(liveness: Path, count: int = 2) -> None:
+    """Until the relay has begun ``count`` more passes, so that all but the last have run to
+    their end. Each pass beats the heartbeat as it begins, which touches the liveness file
+    (at most once a second; idle passes are a sweep, 2 s, apart)."""
+
+    def touched() -> int:
+        with contextlib.suppress(FileNotFoundError):
+            return liveness.stat().st_mtime_ns
+        return 0
+
+    for _ in range(count):
+        before = touched()
+        wait_until(lambda b=before: touched() != b, timeout=30, message="a pass of the relay")
+
+
 def test_an_idle_relay_recovers_from_a_database_restart_and_from_terminated_backends(
-    settings, private_postgres, migrated_database, rabbit, daemons
+    settings, private_postgres, migrated_database, rabbit, daemons, tmp_path
 ):
     pg, database = private_postgres, migrated_database
+    liveness = tmp_path / "relay.alive"
     # The default sweep (2 s): each idle pass starts with the schedules, outside a transaction.
-    relay = daemons(relay_environment(settings, postgres=pg, database=database))
+    relay = daemons(
+        relay_environment(settings, postgres=pg, database=database, LIVENESS_FILE=liveness)
+    )
     # The hourly purge, due at the first start: the relay is up, then idle.
     assert first_message(rabbit) is not None
 
     pg.restart("fast")
     restarted = time.monotonic()
-    time.sleep(2.5)  # an idle pass runs into the dead connection before anything is due
+    passes_begun(liveness)  # an idle pass runs into the dead connection before anything is due
     (after_restart,) = insert_rows(pg, database, 1)
     received = rabbit.take_one("maintenance", timeout=20)
     assert received is not None, f"the relay never recovered from the restart:\n{relay.log}"
@@ -130,7 +149,7 @@ def test_an_idle_relay_recovers_from_a_database_restart_and_from_terminated_back
 
     assert pg.terminate_backends(database) >= 1
     terminated = time.monotonic()
-    time.sleep(2.5)  # an idle pass on the dead connection
+    passes_begun(liveness)  # an idle pass on the dead connection
     (after_terminate,) = insert_rows(pg, database, 1)
     received = rabbit.take_one("maintenance", timeout=20)
     assert received is not None, f"the relay never recovered its connection:\n{relay.log}"

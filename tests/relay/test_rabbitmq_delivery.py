@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 from io import StringIO
 
@@ -16,6 +15,7 @@ from outbox.models import OutboxMessage, PlatformOutboxMessage
 from outbox.services import dispatch, publish
 from relay.management.commands.run_relay import Command
 from tests.factories import TenantFactory
+from tests.ports import free_port
 from tests.relay.conftest import drain, insert_pending_rows, run_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,12 +23,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def relay_command() -> Command:
     return Command(stdout=StringIO(), stderr=StringIO())
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def commit_mixed_work(tenant, jobs: int) -> None:
@@ -130,7 +124,7 @@ def test_with_the_broker_unreachable_rows_stay_pending_and_all_arrive_once_it_is
     with transaction.atomic():
         sent_before = [dispatch("maintenance.purge", {"n": n}) for n in range(3)]
     good_url = settings.RABBITMQ_URL
-    settings.RABBITMQ_URL = f"amqp://guest:guest@127.0.0.1:{closed_port()}/%2F"
+    settings.RABBITMQ_URL = f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F"
     command = relay_command()
 
     assert command.relay_one_batch() is False

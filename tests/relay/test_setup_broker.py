@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -21,7 +20,7 @@ def test_setup_broker_waits_for_a_broker_that_answers_late(settings):
     real = urlsplit(settings.RABBITMQ_URL)
     late = Forwarder((real.hostname or "127.0.0.1", real.port or 5672))
     url = f"amqp://{real.username or 'guest'}:{real.password or 'guest'}@127.0.0.1:{late.port}/"
-    env = process_environment(settings, RABBITMQ_URL=url, BROKER="rabbitmq")
+    env = process_environment(settings, RABBITMQ_URL=url, BROKER="rabbitmq", PYTHONUNBUFFERED="1")
     try:
         process = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "setup_broker"],
@@ -31,10 +30,16 @@ def test_setup_broker_waits_for_a_broker_that_answers_late(settings):
             stderr=subprocess.STDOUT,
             text=True,
         )
-        # The broker answers after 5 s.
-        time.sleep(5)
+        # The broker answers once the command has found it away and said it waits (it
+        # gives up after BROKER_WAIT_SECONDS, which ends the lines).
+        seen = []
+        for line in process.stdout:
+            seen.append(line)
+            if "waiting for the broker" in line:
+                break
         late.open()
-        output, _ = process.communicate(timeout=60)
+        rest, _ = process.communicate(timeout=60)
+        output = "".join(seen) + rest
     finally:
         late.close()
         if process.poll() is None:

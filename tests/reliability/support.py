@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,10 @@ import pika.exceptions
 import psycopg
 import requests
 
+from tests.polling import wait_until
+from tests.ports import free_port
+from tests.processes import wait_until_it_handles
+
 ROOT = Path(__file__).resolve().parents[2]
 FULL = os.environ.get("CHAOS", "").strip().lower() == "full"
 FIGURES_DIR = ROOT / "var" / "reliability"
@@ -40,24 +43,11 @@ def scaled(quick, full):
     return full if FULL else quick
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def wait_for(
     condition: Callable[[], object], *, timeout: float, what: str, every: float = 0.1
 ) -> object:
-    """Poll until ``condition`` gives something true; fail naming ``what`` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"gave up after {timeout:g} s waiting for {what}")
-        time.sleep(every)
+    """``tests.polling.wait_until`` in the scenarios' words: fail naming ``what``."""
+    return wait_until(condition, timeout=timeout, interval=every, message=what)
 
 
 # -- figures ---------------------------------------------------------------------------------
@@ -405,10 +395,14 @@ class Stack:
 
     @staticmethod
     def signal_process(process: subprocess.Popen, signum: int) -> None:
+        """SIGKILL to the group; another signal to the process once it handles that signal
+        (signalled before, a daemon still starting dies by it instead of stopping)."""
         with contextlib.suppress(ProcessLookupError):
             if signum == signal.SIGKILL:
                 os.killpg(process.pid, signum)
             else:
+                with contextlib.suppress(TimeoutError):
+                    wait_until_it_handles(process, signum, timeout=30)
                 process.send_signal(signum)
 
     def close(self) -> None:

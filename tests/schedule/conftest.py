@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from rest_framework.test import APIClient
 
+from tests.clients import client_of
 from tests.factories import AutomationFactory, ManagerFactory, UserFactory
 
 
@@ -28,12 +28,6 @@ def manager(tenant):
 @pytest.fixture
 def member(tenant):
     return UserFactory(tenant=tenant)
-
-
-def client_of(person) -> APIClient:
-    client = APIClient()
-    client.force_authenticate(person)
-    return client
 
 
 @pytest.fixture

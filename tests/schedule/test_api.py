@@ -12,8 +12,8 @@ from django.db import connection
 from automation.models import Automation
 from common.errors import Conflict
 from schedule.models import Schedule
+from tests.clients import client_of
 from tests.factories import AutomationFactory, ManagerFactory, TenantFactory, UserFactory
-from tests.schedule.conftest import client_of
 from tests.schedule.support import new_schedule, utc
 
 pytestmark = pytest.mark.django_db

@@ -16,6 +16,7 @@ one job, and no schedule started more runs in one firing than the grace has minu
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from datetime import datetime, timedelta
 
@@ -90,8 +91,15 @@ class Schedules(RuleBasedStateMachine):
         # Each example in a savepoint of the test's transaction, rolled back at its end.
         self._example = transaction.atomic()
         self._example.__enter__()
-        self.tenant = TenantFactory()
-        self.automations = [AutomationFactory(), AutomationFactory()]
+        try:
+            self.tenant = TenantFactory()
+            self.automations = [AutomationFactory(), AutomationFactory()]
+        except BaseException:
+            # No machine, so no teardown: the savepoint is left here, or it would stay open
+            # under the test's transaction, and the connection's atomic blocks out of step
+            # for every test after this one.
+            self._example.__exit__(*sys.exc_info())
+            raise
         self.now: datetime = STARTS[0]
         # From when each schedule owes its runs: its creation, its resume, its last change
         # of calendar, and the firings that handled it since (due times before them were

@@ -16,7 +16,7 @@ from job.models import Job
 from schedule.management.commands.run_scheduler import Command
 from schedule.models import Schedule
 from tests.polling import wait_until
-from tests.processes import process_environment
+from tests.processes import process_environment, wait_until_it_handles
 from tests.schedule.support import jobs_of, new_schedule
 
 
@@ -85,6 +85,9 @@ def test_two_schedulers_racing_start_each_due_time_once_and_exit_0_on_sigterm(
         )
     finally:
         for process in processes:
+            # Even when a wait above failed: a scheduler that did no cycle yet may still be
+            # starting, and one signalled before it handles SIGTERM dies by it.
+            wait_until_it_handles(process, signal.SIGTERM)
             process.send_signal(signal.SIGTERM)
         outcomes = [process.communicate(timeout=30) for process in processes]
 

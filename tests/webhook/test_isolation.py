@@ -10,6 +10,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from tests.broker_queues import delete_queues
 from tests.polling import wait_until
 from tests.webhook.conftest import Reply, due_deliver_runs
 from tests.webhook.test_delivery import complete_a_job
@@ -136,19 +137,7 @@ def broker_names(settings, exchange_name):
     settings.BROKER = "rabbitmq"
     settings.RELAY_SWEEP_INTERVAL = 0.1
     yield settings
-    import pika
-
-    from broker import topology
-    from broker.topology import QUEUES
-
-    conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-    try:
-        channel = conn.channel()
-        for destination in QUEUES:
-            channel.queue_delete(topology.queue_name(destination))
-            channel.queue_delete(topology.dead_letter_queue_name(destination))
-    finally:
-        conn.close()
+    delete_queues(settings.RABBITMQ_URL)
 
 
 @pytest.mark.slow

@@ -15,18 +15,17 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-import pika
 import pytest
 import redis
 from django.conf import settings as django_settings
 from django.db import connection, transaction
 
-from broker import get_dead_letter_box, topology
-from broker.topology import QUEUES
+from broker import get_dead_letter_box
 from outbox.models import PlatformOutboxMessage, TaskRun
 from outbox.runs import RunLedger, Started
 from outbox.services import dispatch
 from relay.engine import OutboxRelay
+from tests.broker_queues import delete_queues
 from tests.polling import wait_until
 from tests.worker import tasks as test_tasks  # registers the test handlers
 from worker.builders import build_task_worker
@@ -62,14 +61,7 @@ def worker_settings(settings, exchange_name, test_catalog):
     settings.WORKER_RABBITMQ_HEARTBEAT = 2
     url = settings.RABBITMQ_URL
     yield settings
-    conn = pika.BlockingConnection(pika.URLParameters(url))
-    try:
-        channel = conn.channel()
-        for destination in QUEUES:
-            channel.queue_delete(topology.queue_name(destination))
-            channel.queue_delete(topology.dead_letter_queue_name(destination))
-    finally:
-        conn.close()
+    delete_queues(url)
 
 
 @pytest.fixture(params=["rabbitmq", "sqs"])

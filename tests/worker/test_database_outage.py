@@ -46,9 +46,10 @@ def test_the_worker_recovers_from_a_database_restart_and_terminated_backends(
             ("restart", lambda: pg.restart("fast")),
             ("backends terminated", lambda: pg.terminate_backends(database)),
         ):
+            # Both return once the worker's connections are dead: a restart once the
+            # server is back, a termination once the backends have exited.
             breaks()
             broken = time.monotonic()
-            time.sleep(1)  # the worker's idle connections are dead by now
             (run_id,) = insert_rows(pg, database, 1)
             wait_until(
                 lambda: run_status(pg, database, run_id) == "succeeded",  # noqa: B023

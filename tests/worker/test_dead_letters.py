@@ -16,6 +16,7 @@ from broker import ensure_automation_queue, topology
 from broker.sqs.publisher import sqs_client
 from outbox.models import OutboxMessage, TaskRun
 from outbox.services import publish
+from tests.broker_queues import delete_queues
 from tests.worker.conftest import dead_letters, dispatch_work, run_finished, run_of, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -135,10 +136,4 @@ def _send_to_dead_letter_queue(broker: str, destination: str, body: str) -> None
 
 def _delete_automation_queues(broker: str, destination: str) -> None:
     if broker == "rabbitmq":
-        connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-        try:
-            channel = connection.channel()
-            channel.queue_delete(topology.queue_name(destination))
-            channel.queue_delete(topology.dead_letter_queue_name(destination))
-        finally:
-            connection.close()
+        delete_queues(settings.RABBITMQ_URL, [destination])

@@ -4,7 +4,6 @@ or all back (their runs queued afresh), purge one or all; and the command's purg
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 from io import StringIO
 
@@ -19,6 +18,7 @@ from broker.sqs.publisher import sqs_client
 from outbox.models import TaskRun
 from outbox.services import dispatch
 from tests.factories import UserFactory
+from tests.ports import free_port
 from tests.worker.conftest import dead_letters
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -174,9 +174,7 @@ def test_the_command_purges_too(topology_ready):
 
 def test_a_broker_that_cannot_be_reached_is_said_on_the_page(admin_site, settings):
     settings.BROKER = "rabbitmq"
-    with socket.socket() as probe:  # a port nobody listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     settings.RABBITMQ_URL = f"amqp://guest:guest@127.0.0.1:{port}/%2F"
 
     page = admin_site.get(PAGE)

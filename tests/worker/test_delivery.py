@@ -9,6 +9,7 @@ import time
 import pytest
 
 from outbox.models import PlatformOutboxMessage, TaskRun
+from tests.processes import wait_until_it_handles
 from tests.worker.conftest import (
     dispatch_work,
     executions,
@@ -106,6 +107,7 @@ def _run_worker_then_sigterm(payload: dict, *, budget: float, tmp_path):
         wait_for(ready_file.exists, what="the readiness file")
         run_id = dispatch_work(**payload)
         wait_for(lambda: executions(run_id), what="the task to start in the subprocess")
+        wait_until_it_handles(process, signal.SIGTERM)
         process.send_signal(signal.SIGTERM)
         wait_for(lambda: not ready_file.exists(), timeout=5, what="the worker to report not ready")
         stdout, stderr = process.communicate(timeout=budget + 20)
@@ -157,6 +159,7 @@ def test_a_second_sigterm_exits_at_once(broker, relay, tmp_path):
         wait_for(ready_file.exists, what="the readiness file")
         run_id = dispatch_work(sleep_on_first=60)
         wait_for(lambda: executions(run_id), what="the task to start in the subprocess")
+        wait_until_it_handles(process, signal.SIGTERM)
         process.send_signal(signal.SIGTERM)
         wait_for(lambda: not ready_file.exists(), timeout=5, what="not ready")
         process.send_signal(signal.SIGTERM)
@@ -181,6 +184,7 @@ def test_sigterm_with_four_stuck_handlers_exits_within_one_stop_budget(broker, r
         wait_for(ready_file.exists, what="the readiness file")
         run_ids = [dispatch_work(sleep_on_first=60) for _ in range(4)]
         wait_for(lambda: all(executions(r) for r in run_ids), what="four handlers stuck")
+        wait_until_it_handles(process, signal.SIGTERM)
         asked = time.monotonic()
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=budget + 20)
