@@ -12,7 +12,6 @@ milliseconds): no Python handler can exist yet, so that window is the operating 
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import pytest
 from django.conf import settings as django_settings
 
 from tests.polling import wait_until
+from tests.ports import free_port
 from tests.processes import process_environment
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,9 +37,8 @@ DAEMONS = {
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    # A port nothing listens on (below the ephemeral range: no outgoing connection takes it).
+    return free_port()
 
 
 # When the signal is sent: as soon as the process catches it, seconds after it was started,

@@ -21,7 +21,6 @@ deduping by webhook-id takes each event exactly once.
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections import Counter
 from datetime import datetime, timedelta
@@ -37,6 +36,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from common.errors import Conflict
 from outbox.models import OutboxMessage
 from tests.factories import ManagerFactory, TenantFactory
+from tests.ports import free_port
 from tests.webhook.conftest import Receiver, Reply, run_attempt
 from tests.webhook.test_delivery import complete_a_job
 from webhook import delivery as engine
@@ -66,9 +66,8 @@ DRAIN_ROUNDS = 60
 
 
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    # A port nothing listens on (below the ephemeral range: no outgoing connection takes it).
+    return free_port()
 
 
 class DeliveryEngine(RuleBasedStateMachine):

@@ -12,6 +12,7 @@ import pytest
 import trustme
 from rest_framework.test import APIClient
 
+from tests.ports import free_port
 from tests.webhook.conftest import Reply, run_due_attempts
 from tests.webhook.test_delivery import complete_a_job
 from webhook import transport
@@ -440,9 +441,7 @@ def test_a_name_that_does_not_resolve_is_told_so(make_endpoint, tenant, monkeypa
 
 @pytest.fixture
 def closed_port():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    return free_port()
 
 
 @pytest.mark.django_db
