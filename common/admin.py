@@ -12,6 +12,7 @@ from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import Model, QuerySet
 from django.forms.fields import InvalidJSONInput
+from django.http import HttpResponseRedirect
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince
@@ -28,8 +29,23 @@ def adopt(target: Model, saved: Model) -> None:
     target._state.db = saved._state.db
 
 
-class NeverDeletedAdmin:
-    """A ``ModelAdmin`` mixin: nothing is deleted for real, so no delete view and no action."""
+class RefusedSavesShown:
+    """A ``ModelAdmin`` mixin: a save the service refuses after its form was valid (a limit
+    another creation reached in between, a row another person changed meanwhile) is an error
+    message on the form's page, not a 500. The admin's transaction has been rolled back by
+    then: nothing of the refused save is kept."""
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except DomainError as refusal:
+            self.message_user(request, refusal.message, messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+
+class NeverDeletedAdmin(RefusedSavesShown):
+    """A ``ModelAdmin`` mixin: nothing is deleted for real, so no delete view and no action;
+    and a save its service refuses is shown, not a 500 (``RefusedSavesShown``)."""
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False

@@ -97,3 +97,22 @@ def test_an_endpoint_past_the_tenants_limit_is_a_form_error(
     assert response.status_code == 200  # the form again, with the reason
     assert "its limit" in response.content.decode()
     assert WebhookEndpoint.objects.count() == 1
+
+
+def test_an_endpoint_refused_after_its_form_was_valid_is_an_error_message_not_a_500(
+    admin_site, tenant, receiver, make_endpoint, settings, monkeypatch
+):
+    # The form's early check passed; by the save, another creation took the last place.
+    settings.WEBHOOK_MAX_ENDPOINTS_PER_TENANT = 1
+    monkeypatch.setattr("webhook.admin.endpoint_limit_check", lambda *, tenant: None)
+    make_endpoint(receiver.url)
+
+    response = admin_site.post(
+        f"{ENDPOINTS}add/",
+        {"tenant": tenant.pk, "url": receiver.url, "event_types": "JobCompleted"},
+        follow=True,
+    )
+
+    assert response.status_code == 200
+    assert "its limit" in response.content.decode()
+    assert WebhookEndpoint.objects.count() == 1
