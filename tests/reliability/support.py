@@ -518,6 +518,9 @@ class JobTraffic:
         self._issued = 0
         self._stop = threading.Event()
         self._paused = threading.Event()
+        # No request past this many is issued until the gate moves (``hold_after``).
+        self._gate: int | None = None
+        self._gate_moved = threading.Condition(self._lock)
         self.statuses: collections.Counter = collections.Counter()
         self.failures: list[str] = []
         self.job_ids: list[int] = []
@@ -544,6 +547,10 @@ class JobTraffic:
 
     def _next(self) -> int | None:
         with self._lock:
+            while self._gate is not None and self._issued >= self._gate:
+                if self._stop.is_set():
+                    return None
+                self._gate_moved.wait(0.05)
             if self._stop.is_set() or (self.total is not None and self._issued >= self.total):
                 return None
             self._issued += 1
@@ -588,6 +595,21 @@ class JobTraffic:
 
     def pause(self) -> None:
         self._paused.set()
+
+    def hold_after(self, requests: int | None) -> None:
+        """Issue no request past the first ``requests`` until called again (None: no
+        limit): a scenario that acts while the traffic runs keeps some traffic for after
+        each of its actions, however fast the API answers."""
+        with self._lock:
+            self._gate = requests
+            self._gate_moved.notify_all()
+
+    def wait_sent(self, requests: int, timeout: float) -> None:
+        """Until ``requests`` requests were answered (or counted failed)."""
+        deadline = time.monotonic() + timeout
+        while self.sent < requests:
+            assert time.monotonic() < deadline, f"{self.sent} of {requests} requests answered"
+            time.sleep(0.01)
 
     def resume(self) -> None:
         self._paused.clear()

@@ -28,13 +28,11 @@ JOBS = scaled(1_000, 10_000)
 KILLS = scaled(4, 12)
 
 
-def kill_gap(traffic: JobTraffic, kills_left: int) -> float:
-    """The mean wait before the next kill that spreads the kills left over the traffic left."""
-    elapsed = time.monotonic() - traffic.started_at
-    if traffic.done() or not traffic.sent or elapsed <= 0:
-        return 0.3
-    time_left = (JOBS - traffic.sent) / (traffic.sent / elapsed)
-    return max(0.3, time_left / (kills_left + 1))
+def kill_points(rng: random.Random) -> list[int]:
+    """After how many requests each kill comes: one at a random point of each of KILLS
+    equal stretches of the traffic, the last stretch left for after the last kill."""
+    stretch = JOBS // (KILLS + 1)
+    return [i * stretch + rng.randrange(stretch // 5, stretch) for i in range(KILLS)]
 
 
 @pytest.mark.timeout(scaled(300, 1800))
@@ -48,13 +46,18 @@ def test_relay_killed_at_random_moments_loses_no_job_created(
     stack.relay(RELAY_BATCH_SIZE="100")
     audit = BrokerAudit(stack.rabbitmq_url, job_queues(stack, seeded.automation_id)).start()
     try:
-        traffic = JobTraffic(stack.api_url, seeded, threads=6, total=JOBS).start()
+        traffic = JobTraffic(stack.api_url, seeded, threads=6, total=JOBS)
         rng = random.Random()
+        points = kill_points(rng)
+        # However fast the API answers, the traffic waits a little past each kill's point
+        # until that kill is done: every kill lands while jobs are being created.
+        traffic.hold_after(points[0] + JOBS // (4 * (KILLS + 1)))
+        traffic.start()
         kills: list[float] = []
         recoveries: list[float] = []
         kills_while_creating = 0
-        while len(kills) < KILLS:
-            time.sleep(rng.uniform(0.3, 2 * kill_gap(traffic, KILLS - len(kills))))
+        for number, point in enumerate(points):
+            traffic.wait_sent(point, timeout=scaled(120, 900))
             stack.signal("relay", signal.SIGKILL)
             stack.processes["relay"].wait(timeout=10)
             kills.append(time.monotonic())
@@ -69,6 +72,8 @@ def test_relay_killed_at_random_moments_loses_no_job_created(
                     what=f"the restarted relay to deliver\n{stack.log_tail('relay')}",
                 )
                 recoveries.append(time.monotonic() - restarted_at)
+            later = points[number + 1] if number + 1 < KILLS else None
+            traffic.hold_after(later + JOBS // (4 * (KILLS + 1)) if later else None)
         traffic.join(timeout=scaled(240, 1500))
         creation_done = time.monotonic()
 
