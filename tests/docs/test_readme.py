@@ -17,7 +17,6 @@ import pytest
 from django.core.management import call_command
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
 #: Every page whose examples people copy: the README first, then docs/.
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
