@@ -9,7 +9,8 @@ hours of zones whose offsets are not whole hours (a search that never returned).
 walk lets each of its steps be stated, tested against two independent references
 (``tests/schedule/test_cron_conformance.py``) and bounded.
 
-The semantics (README, "Schedules", says the same for the people who write schedules):
+The semantics (docs/schedules.md, "Writing a schedule", says the same for the people who
+write schedules):
 
 * Fields are ISC/Vixie cron's: ``*``, numbers, ranges ``a-b``, lists ``a,b``, steps ``*/n``
   and ``a-b/n`` (stepping inside the range only: ``10-10/5`` is 10 alone) and ``a/n``

@@ -1,4 +1,9 @@
-"""The README's shell examples work as written, in bash and in zsh."""
+"""The shell examples of the README and of docs/ work as written, in bash and in zsh.
+
+The README keeps the walkthrough; the reference material (the API, schedules, webhooks,
+operations) lives in docs/. Every page is read here, so an example that moves from one page
+to another is still checked, and a section the tests run must be found where it is said to be.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,8 @@ import pytest
 from django.core.management import call_command
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+#: Every page whose examples people copy: the README first, then docs/.
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 
 def code_lines(text: str) -> list[str]:
@@ -20,11 +26,28 @@ def code_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith("    ")]
 
 
-def test_every_url_in_a_shell_example_is_quoted():
+def section(page: str, heading: str) -> str:
+    """The text of one ``## `` section of a page (``page`` relative to the repository)."""
+    text = (ROOT / page).read_text()
+    assert f"\n{heading}" in text, f"{page} has no section {heading!r}"
+    return text.split(f"\n{heading}", 1)[1].split("\n## ", 1)[0]
+
+
+def shell_script(page: str, heading: str) -> str:
+    """The indented code of one section, as a script."""
+    return "\n".join(line[4:] for line in code_lines(section(page, heading)))
+
+
+def page_id(page: Path) -> str:
+    return str(page.relative_to(ROOT))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_url_in_a_shell_example_is_quoted(page):
     # zsh takes an unquoted ? or * for a pattern and stops with "no matches found".
     unquoted = [
         line.strip()
-        for line in code_lines(README)
+        for line in code_lines(page.read_text())
         for match in re.finditer(r"https?://", line)
         if line[match.start() - 1] not in "\"'"
     ]
@@ -32,8 +55,7 @@ def test_every_url_in_a_shell_example_is_quoted():
 
 
 def walkthrough() -> str:
-    section = README.split("## Try it", 1)[1].split("\n## ", 1)[0]
-    return "\n".join(line[4:] for line in code_lines(section))
+    return shell_script("README.md", "## Try it")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -2,7 +2,7 @@
 
 The first reference is a brute-force minute walker written here, sharing no code with
 ``schedule.calendar``: it reads the expression with its own parser and visits every UTC
-minute of a window, asking of each one the README's rule in its plainest form (a wildcard
+minute of a window, asking of each one docs/schedules.md's rule in its plainest form (a wildcard
 expression runs at each minute whose wall time matches; a fixed-time one at a wall time's
 first occurrence, and at the first minute after a jump of the clock over a time it names).
 The calendar must agree with it on every case: no difference is allowed.
@@ -95,14 +95,14 @@ CRONITER_READS_OTHERWISE = {
     "so Sunday is in it",
 }
 
-# What croniter does around a clock change that the README's rule does not.
+# What croniter does around a clock change that the documented rule does not.
 CRONITER_DST = {
     "repeats a fixed time": "a fixed time of day that happens twice runs in both copies "
-    "(the README: at the first only)",
+    "(the rule: at the first only)",
     "runs a missing wildcard time": "a wildcard expression's time that the clock skips "
-    "runs at the end of the gap (the README: not at all; it follows elapsed time)",
+    "runs at the end of the gap (the rule: not at all; it follows elapsed time)",
     "runs a repeated wildcard time once": "in some zones (Chatham's 45-minute offsets) a "
-    "wildcard expression's time that happens twice runs in the first copy only (the README: "
+    "wildcard expression's time that happens twice runs in the first copy only (the rule: "
     "in both, as elapsed time passes through both)",
 }
 

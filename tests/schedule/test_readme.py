@@ -1,4 +1,5 @@
-"""The README's "Schedules" examples work as written against the real API, in bash and zsh."""
+"""The "Writing a schedule" examples of docs/schedules.md, after the README's walkthrough, work
+as written against the real API, in bash and zsh."""
 
 from __future__ import annotations
 
@@ -10,12 +11,11 @@ import pytest
 from django.core.management import call_command
 
 from schedule.models import Schedule
-from tests.docs.test_readme import README, code_lines, walkthrough
+from tests.docs.test_readme import shell_script, walkthrough
 
 
 def schedules_section() -> str:
-    section = README.split("## Schedules", 1)[1].split("\n## ", 1)[0]
-    return "\n".join(line[4:] for line in code_lines(section))
+    return shell_script("docs/schedules.md", "## Writing a schedule")
 
 
 def json_values(text: str) -> list:
