@@ -59,7 +59,9 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(config, items):
     """One xdist group a file (``--dist loadgroup``): a file's tests share module fixtures
     and private services, and some run in an order. The reliability scenarios form one group,
-    so that no two of them load the machine at once (their figures would mean nothing).
+    so that no two of them load the machine at once (their figures would mean nothing);
+    the tests marked ``many_connections`` join it, since PostgreSQL's connections
+    (``max_connections``, 100 here) are shared by every worker and the scenarios' daemons.
 
     Groups are handed out in the order of the items (``make test`` passes
     ``--no-loadscope-reorder``): the reliability group first, as it is the longest by far
@@ -69,7 +71,8 @@ def pytest_collection_modifyitems(config, items):
     groups = {}
     for item in items:
         path = Path(item.path)
-        group = "reliability" if RELIABILITY in path.parents else item.nodeid.split("::")[0]
+        alone = RELIABILITY in path.parents or item.get_closest_marker("many_connections")
+        group = "reliability" if alone else item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(group))
         groups[item] = group
     sizes = Counter(groups.values())

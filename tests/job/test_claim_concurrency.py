@@ -14,7 +14,12 @@ from outbox.models import Event
 from tests.factories import AutomationFactory, JobFactory, UserFactory, WorkerFactory
 from tests.job.support import worker_client
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(240),
+    # Up to 50 connections at once: not beside a reliability scenario's daemons.
+    pytest.mark.many_connections,
+]
 
 # PostgreSQL here allows 100 connections, shared with other test runs: at most this many
 # claimers hold a connection at once in the large test (all of them are still threads).
