@@ -49,6 +49,7 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
+from bench.load import load_note  # noqa: E402
 from broker import get_transport, topology  # noqa: E402
 from broker.rabbitmq.publisher import message_properties  # noqa: E402
 from broker.sqs.publisher import batch_entries, sqs_client  # noqa: E402
@@ -244,6 +245,7 @@ def bench_rabbitmq(rows: int, batch_size: int, rounds: int) -> dict:
         insert_rows(rows)
         bodies = pending_bodies()
         purge_rabbit("default")
+        load = load_note()
         shift = number % len(RABBITMQ_CONTENDERS)
         for name in RABBITMQ_CONTENDERS[shift:] + RABBITMQ_CONTENDERS[:shift]:
             if name == "relay":
@@ -256,6 +258,7 @@ def bench_rabbitmq(rows: int, batch_size: int, rounds: int) -> dict:
         print(
             "rabbitmq round",
             number + 1,
+            f"({load} at its start)",
             json.dumps({name: round(rows / seconds[name][-1]) for name in seconds}),
             flush=True,
         )

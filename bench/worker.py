@@ -59,6 +59,7 @@ import pika  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
+from bench.load import load_note  # noqa: E402
 from broker import topology  # noqa: E402
 from broker.sqs.publisher import sqs_client  # noqa: E402
 from outbox.handlers import task  # noqa: E402
@@ -263,6 +264,7 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
     rates: dict[str, list[float]] = {name: [] for name in contenders}
     settings.BROKER = broker
     for round_number in range(1, rounds + 1):
+        load = load_note()
         shift = (round_number - 1) % len(contenders)
         for name in contenders[shift:] + contenders[:shift]:
             if name == "raw":
@@ -278,7 +280,8 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
             cleanup(broker)
             rates[name].append(rate)
         print(
-            f"{broker:8} round {round_number}: messages={count} concurrency={concurrency} "
+            f"{broker:8} round {round_number} ({load} at its start): messages={count} "
+            f"concurrency={concurrency} "
             + "  ".join(f"{name}={rates[name][-1]:7.0f}/s" for name in contenders),
             flush=True,
         )
