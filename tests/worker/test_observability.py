@@ -31,6 +31,10 @@ class Remember(logging.Handler):
         self.records.append(record)
 
 
+def finished_lines(handler: Remember) -> list[logging.LogRecord]:
+    return [r for r in list(handler.records) if r.getMessage() == "task run finished"]
+
+
 def test_a_run_is_counted_timed_and_logged_with_its_ids(broker, relay, start_worker):
     handler = Remember()
     logger = logging.getLogger("hubdommed.worker")
@@ -48,6 +52,11 @@ def test_a_run_is_counted_timed_and_logged_with_its_ids(broker, relay, start_wor
         with transaction.atomic():
             bad = str(dispatch("test.work", {"permanent": True}))
         wait_for(lambda: run_finished(good) and run_finished(bad), what="both runs to finish")
+        # Each run's line is written after its row is settled: wait for the lines too.
+        wait_for(
+            lambda: {good, bad} <= {getattr(r, "run_id", None) for r in finished_lines(handler)},
+            what="both runs' finished lines",
+        )
         wait_for(
             lambda: (
                 sample("hubdommed_task_runs_total", task="test.work", outcome="succeeded")
@@ -66,7 +75,7 @@ def test_a_run_is_counted_timed_and_logged_with_its_ids(broker, relay, start_wor
         before["timed"] + 2
     )
     assert sample("hubdommed_daemon_heartbeat_timestamp_seconds", daemon="worker") > 0
-    finished = [r for r in handler.records if r.getMessage() == "task run finished"]
+    finished = finished_lines(handler)
     mine = [r for r in finished if r.run_id == good]
     assert len(mine) == 1
     line = mine[0]
