@@ -6,7 +6,9 @@ machine never share a queue; the queues are deleted when the test ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 import uuid
 from collections import Counter
 
@@ -54,34 +56,54 @@ class RabbitConsumer:
         self.url = url
         self.connection = pika.BlockingConnection(pika.URLParameters(url))
         self.channel = self.connection.channel()
+        # Run ids of what it took, to tell a copy sent again from a message out of place.
+        self.earlier: set[str] = set()
 
     def reconnect(self) -> None:
-        self.close()
+        """A new connection (after the broker closed this one), remembering what it took."""
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            self.close()
         self.connection = pika.BlockingConnection(pika.URLParameters(self.url))
         self.channel = self.connection.channel()
 
-    def take_all(self, destination: str, idle: float = 0.3) -> list[tuple[object, dict]]:
-        """Every message now in the destination's queue: (properties, envelope)."""
-        if not self.exists(destination):
+    def take_all(
+        self, destination: str, idle: float = 0.3, timeout: float = 30.0
+    ) -> list[tuple[object, dict]]:
+        """Every message now in the destination's queue: (properties, envelope).
+
+        At least as many as the queue reports holding when asked: on a loaded machine the
+        first delivery may come later than ``idle``, which must not read as an empty queue.
+        """
+        held = self.count(destination)
+        if held is None:
             return []
         received = []
+        deadline = time.monotonic() + timeout
         for method, properties, body in self.channel.consume(
             topology.queue_name(destination), inactivity_timeout=idle
         ):
             if method is None:
-                break
+                if len(received) >= held or time.monotonic() >= deadline:
+                    break
+                continue
             self.channel.basic_ack(method.delivery_tag)
-            received.append((properties, json.loads(body)))
+            envelope = json.loads(body)
+            self._remember(envelope)
+            received.append((properties, envelope))
         self.channel.cancel()
         return received
 
-    def exists(self, destination: str) -> bool:
+    def count(self, destination: str) -> int | None:
+        """How many ready messages the queue holds; None: there is no such queue."""
         try:
-            self.channel.queue_declare(topology.queue_name(destination), passive=True)
+            declared = self.channel.queue_declare(topology.queue_name(destination), passive=True)
         except pika.exceptions.ChannelClosedByBroker:
             self.channel = self.connection.channel()
-            return False
-        return True
+            return None
+        return declared.method.message_count
+
+    def exists(self, destination: str) -> bool:
+        return self.count(destination) is not None
 
     def take_one(self, destination: str, timeout: float):
         for method, properties, body in self.channel.consume(
@@ -90,8 +112,35 @@ class RabbitConsumer:
             if method is not None:
                 self.channel.basic_ack(method.delivery_tag)
             self.channel.cancel()
-            return None if method is None else (properties, json.loads(body))
+            if method is None:
+                return None
+            envelope = json.loads(body)
+            self._remember(envelope)
+            return properties, envelope
         return None
+
+    def take_run(self, destination: str, run_id: object, timeout: float):
+        """The message of ``run_id`` (properties, envelope), or None after ``timeout``.
+
+        Delivery is at least once: a relay that lost its database or broker connection
+        between a confirm and its commit sends that row again. Copies of messages this
+        consumer took before are passed over; any other message first is a failure.
+        """
+        wanted = str(run_id)
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            earlier = set(self.earlier)
+            received = self.take_one(destination, timeout=left)
+            if received is None:
+                return None
+            got = received[1].get("run_id")
+            if got == wanted:
+                return received
+            assert got in earlier, f"{got} arrived before {wanted}, and is no copy"
+        return None
+
+    def _remember(self, envelope: dict) -> None:
+        self.earlier.add(envelope.get("run_id"))
 
     def close(self) -> None:
         # A broker that went away (or refused us) has closed it already.
