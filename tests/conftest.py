@@ -25,6 +25,8 @@ from hypothesis import settings as hypothesis_settings
 from tests.aws import moto_endpoint  # noqa: F401
 from tests.factories import PlatformAdminFactory, TenantFactory, UserFactory
 from tests.private_services import (  # noqa: F401
+    _private_postgres_cluster,
+    _private_rabbitmq_node,
     migrated_database,
     private_postgres,
     private_rabbitmq,

@@ -250,6 +250,8 @@ class PrivateRabbitMQ:
             "RABBITMQ_CONFIG_FILE": str(self.config_file),
             "RABBITMQ_PID_FILE": str(self.pid_file),
             "RABBITMQ_ALLOW_INPUT": "",
+            # A node that dies writes its crash dump beside its data, not in the checkout.
+            "ERL_CRASH_DUMP": str(self.dir / "erl_crash.dump"),
         }
 
     def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -480,16 +482,26 @@ class Daemon:
 MIGRATED_TEMPLATE = "hubdommed_template"
 
 
-@pytest.fixture(scope="module")
-def private_postgres() -> Iterator[PrivatePostgres]:
-    """A private PostgreSQL cluster for the module, running. ``migrated_database`` gives a
-    test its own migrated database on it."""
+@pytest.fixture(scope="session")
+def _private_postgres_cluster() -> Iterator[PrivatePostgres]:
+    """One private cluster for the whole run of this process: starting one and migrating
+    its template costs seconds, and no test leaves it broken (one that stops or restarts
+    it, the point of such a test, leaves it to be started again)."""
     pg = PrivatePostgres()
     try:
-        pg.start()
         yield pg
     finally:
         pg.close()
+
+
+@pytest.fixture(scope="module")
+def private_postgres(_private_postgres_cluster) -> PrivatePostgres:
+    """A private PostgreSQL cluster, running when the module begins (the run's one, see
+    ``_private_postgres_cluster``). ``migrated_database`` gives a test its own migrated
+    database on it."""
+    if not _private_postgres_cluster.running:
+        _private_postgres_cluster.start()
+    return _private_postgres_cluster
 
 
 @pytest.fixture
@@ -526,10 +538,25 @@ def private_rabbitmq_factory(tmp_path_factory) -> Iterator[Callable[..., Private
             node.close()
 
 
+@pytest.fixture(scope="session")
+def _private_rabbitmq_node(tmp_path_factory) -> Iterator[PrivateRabbitMQ]:
+    """One private RabbitMQ node (the default configuration) for the whole run of this
+    process: starting one takes several seconds. A test that stops or resets it leaves it
+    to be started again; names are each test's own, so what one module declared there is
+    nothing another reads."""
+    node = PrivateRabbitMQ(tmp_path_factory.mktemp("rabbitmq"))
+    try:
+        yield node
+    finally:
+        node.close()
+
+
 @pytest.fixture(scope="module")
-def private_rabbitmq(private_rabbitmq_factory) -> PrivateRabbitMQ:
-    """A private RabbitMQ node for the module (starting one takes several seconds)."""
-    return private_rabbitmq_factory()
+def private_rabbitmq(_private_rabbitmq_node) -> PrivateRabbitMQ:
+    """A private RabbitMQ node, running when the module begins (nodes with a configuration
+    of their own come from ``private_rabbitmq_factory``)."""
+    _private_rabbitmq_node.start()
+    return _private_rabbitmq_node
 
 
 @pytest.fixture
