@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import ssl
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import trustme
 
 from outbox.models import OutboxMessage
 from tests.factories import ManagerFactory
@@ -177,3 +181,51 @@ def run_due_attempts() -> int:
         OutboxMessage.objects.filter(pk=row.pk).update(sent_at=timezone.now())
         run_attempt(row)
     return len(rows)
+
+
+@dataclass
+class TLSReceiver:
+    port: int
+    # The certificate authority that issued the receiver's certificate, as a PEM file.
+    ca_file: str
+    received: list[dict[str, str]]
+    # The name each client asked for in SNI.
+    server_names: list[str | None]
+
+
+@contextlib.contextmanager
+def tls_receiver(certificate_name: str) -> Iterator[TLSReceiver]:
+    """A TLS receiver on loopback whose certificate is issued for ``certificate_name``;
+    it answers each POST 204 and keeps its headers."""
+    ca = trustme.CA()
+    cert = ca.issue_cert(certificate_name)
+    received: list[dict[str, str]] = []
+    server_names: list[str | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            received.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(204)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(context)
+    context.sni_callback = lambda _socket, name, _context: server_names.append(name)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        with ca.cert_pem.tempfile() as ca_file:
+            yield TLSReceiver(server.server_address[1], ca_file, received, server_names)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -3,14 +3,9 @@
 
 from __future__ import annotations
 
-import ssl
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
-import trustme
 
-from tests.webhook.conftest import run_due_attempts
+from tests.webhook.conftest import run_due_attempts, tls_receiver
 from tests.webhook.test_delivery import complete_a_job
 from tests.webhook.test_safety import fake_dns
 from webhook.models import WebhookDelivery
@@ -49,50 +44,17 @@ def test_an_internationalized_name_is_delivered_over_http(
 
 @pytest.fixture
 def idn_https_receiver():
-    """A TLS receiver on loopback whose certificate is issued for xn--bcher-kva.example;
-    it keeps the name each client asked for in SNI."""
-    ca = trustme.CA()
-    cert = ca.issue_cert("xn--bcher-kva.example")
-    received: list[dict[str, str]] = []
-    server_names: list[str | None] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            received.append({k.lower(): v for k, v in self.headers.items()})
-            self.send_response(204)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    cert.configure_cert(context)
-
-    def remember(_socket, server_name, _context):
-        server_names.append(server_name)
-
-    context.sni_callback = remember
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    with ca.cert_pem.tempfile() as ca_file:
-        yield server.server_address[1], ca_file, received, server_names
-    server.shutdown()
-    server.server_close()
+    """A TLS receiver whose certificate is issued for xn--bcher-kva.example."""
+    with tls_receiver("xn--bcher-kva.example") as receiver:
+        yield receiver
 
 
 @pytest.mark.parametrize("name", ["bücher.example", "BÜCHER.example.", "xn--bcher-kva.example"])
 def test_an_internationalized_name_is_delivered_over_https(
     idn_https_receiver, make_endpoint, tenant, settings, monkeypatch, name
 ):
-    port, ca_file, received, server_names = idn_https_receiver
-    settings.WEBHOOK_CA_BUNDLE = ca_file
+    port, received = idn_https_receiver.port, idn_https_receiver.received
+    settings.WEBHOOK_CA_BUNDLE = idn_https_receiver.ca_file
     fake_dns(monkeypatch, {"xn--bcher-kva.example": ["127.0.0.1"]})
     endpoint = make_endpoint(f"https://{name}:{port}/hooks")
     complete_a_job(tenant)
@@ -101,15 +63,15 @@ def test_an_internationalized_name_is_delivered_over_https(
 
     delivery = WebhookDelivery.objects.get(endpoint=endpoint)
     assert delivery.status == "delivered", delivery.last_error
-    assert server_names == ["xn--bcher-kva.example"]
+    assert idn_https_receiver.server_names == ["xn--bcher-kva.example"]
     assert [headers["host"] for headers in received] == [f"xn--bcher-kva.example:{port}"]
 
 
 def test_the_certificate_of_another_name_is_still_refused(
     idn_https_receiver, make_endpoint, tenant, settings, monkeypatch
 ):
-    port, ca_file, received, _names = idn_https_receiver
-    settings.WEBHOOK_CA_BUNDLE = ca_file
+    port, received = idn_https_receiver.port, idn_https_receiver.received
+    settings.WEBHOOK_CA_BUNDLE = idn_https_receiver.ca_file
     fake_dns(
         monkeypatch, {"xn--bcher-kva.example": ["127.0.0.1"], "xn--e1afmkfd.example": ["127.0.0.1"]}
     )

@@ -4,16 +4,12 @@ checked after DNS resolution, connected to the checked address itself."""
 from __future__ import annotations
 
 import socket
-import ssl
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import trustme
 from rest_framework.test import APIClient
 
 from tests.ports import free_port
-from tests.webhook.conftest import Reply, run_due_attempts
+from tests.webhook.conftest import Reply, run_due_attempts, tls_receiver
 from tests.webhook.test_delivery import complete_a_job
 from webhook import transport
 from webhook.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -165,42 +161,16 @@ def test_the_connection_goes_to_the_checked_address_with_one_lookup(
 @pytest.fixture
 def https_receiver():
     """A TLS receiver on loopback whose certificate names hooks.example.test."""
-    ca = trustme.CA()
-    cert = ca.issue_cert("hooks.example.test")
-    received: list[dict[str, str]] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            received.append({k.lower(): v for k, v in self.headers.items()})
-            self.send_response(204)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    cert.configure_cert(context)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    with ca.cert_pem.tempfile() as ca_file:
-        yield server.server_address[1], ca_file, received
-    server.shutdown()
-    server.server_close()
+    with tls_receiver("hooks.example.test") as receiver:
+        yield receiver
 
 
 @pytest.mark.django_db
 def test_https_keeps_the_name_for_sni_and_the_certificate(
     https_receiver, make_endpoint, tenant, settings, monkeypatch
 ):
-    port, ca_file, received = https_receiver
-    settings.WEBHOOK_CA_BUNDLE = ca_file
+    port, received = https_receiver.port, https_receiver.received
+    settings.WEBHOOK_CA_BUNDLE = https_receiver.ca_file
     fake_dns(
         monkeypatch, {"hooks.example.test": ["127.0.0.1"], "other.example.test": ["127.0.0.1"]}
     )
@@ -456,9 +426,9 @@ def test_no_error_of_a_delivery_gives_the_hubs_network_away(
         receiver.default = Reply(delay=5.0)
         url = f"http://hooks.example.com:{receiver.port}/hooks"
     else:
-        port, ca_file, _received = https_receiver
-        settings.WEBHOOK_CA_BUNDLE = ca_file
-        url = f"https://hooks.example.com:{port}/hooks"  # the certificate names another
+        settings.WEBHOOK_CA_BUNDLE = https_receiver.ca_file
+        # The certificate names another host.
+        url = f"https://hooks.example.com:{https_receiver.port}/hooks"
     endpoint = make_endpoint(url)
     complete_a_job(tenant)
 
