@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.db.models.lookups import Exact
+from django.utils import timezone
 
 from broker.topology import QUEUES
 
@@ -155,6 +157,60 @@ RUN_WAYS_FORWARD = {
 }
 
 
+class TaskRunQuerySet(models.QuerySet):
+    """The transitions of task runs, each one guarded ``UPDATE``: a run moves only from the
+    states named here, whatever another process did to it meanwhile (the worker's bulk
+    claim and settle, in ``outbox.runs``, are statements of their own)."""
+
+    def held_by(self, run_id: str, holder: str) -> TaskRunQuerySet:
+        """The run, if ``holder`` still holds it (running under its lease)."""
+        return self.filter(run_id=run_id, status=TaskRunStatus.RUNNING, lease_holder=holder)
+
+    def retry_later(self, *, error: str) -> int:
+        """Running -> retrying: its message comes back after a backoff."""
+        return self.update(
+            status=TaskRunStatus.RETRYING,
+            last_error=error,
+            lease_expires_at=None,
+            updated_at=timezone.now(),
+        )
+
+    def give_back(self) -> int:
+        """Running -> queued: the message went back unfinished, free for the next receive."""
+        return self.update(
+            status=TaskRunStatus.QUEUED, lease_expires_at=None, updated_at=timezone.now()
+        )
+
+    def fail(self, *, error: str) -> int:
+        """Whatever it was -> failed, for good (until an operator starts it again)."""
+        now = timezone.now()
+        return self.update(
+            status=TaskRunStatus.FAILED,
+            last_error=error,
+            lease_expires_at=None,
+            finished_at=now,
+            updated_at=now,
+        )
+
+    def start_afresh(self) -> int:
+        """An operator's fresh start (a requeue, a dead letter sent back) -> queued, its
+        receives counted from zero. Never a run that succeeded (its message is a duplicate)
+        nor one held under a live lease (it would run twice)."""
+        held = Q(status=TaskRunStatus.RUNNING, lease_expires_at__gt=Now())
+        return (
+            self.exclude(status=TaskRunStatus.SUCCEEDED)
+            .exclude(held)
+            .update(
+                status=TaskRunStatus.QUEUED,
+                receive_count=0,
+                finished_at=None,
+                lease_holder="",
+                lease_expires_at=None,
+                updated_at=timezone.now(),
+            )
+        )
+
+
 class TaskRun(models.Model):
     """One delivery of one task, from the outbox to its end. Keyed by the envelope's run_id."""
 
@@ -185,6 +241,8 @@ class TaskRun(models.Model):
     # again with nothing in between (``updated_at`` still this), it is not re-sent again:
     # it is left to an operator (no worker consumes its queue, say).
     rearmed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = TaskRunQuerySet.as_manager()
 
     class Meta:
         db_table = "task_runs"

@@ -16,7 +16,6 @@ from collections.abc import Collection
 
 from django.db import transaction
 from django.db.models.functions import Now
-from django.utils import timezone
 
 from common.errors import Conflict, NotFound
 from outbox.models import BaseOutboxMessage, OutboxMessage, PlatformOutboxMessage, TaskRun
@@ -26,14 +25,9 @@ OUTBOX_MODELS: tuple[type[BaseOutboxMessage], ...] = (OutboxMessage, PlatformOut
 
 
 def _restart_failed_runs(run_ids: Collection[uuid.UUID | str]) -> int:
-    return TaskRun.objects.filter(run_id__in=list(run_ids), status=TaskRun.Status.FAILED).update(
-        status=TaskRun.Status.QUEUED,
-        receive_count=0,
-        finished_at=None,
-        lease_holder="",
-        lease_expires_at=None,
-        updated_at=timezone.now(),
-    )
+    return TaskRun.objects.filter(
+        run_id__in=list(run_ids), status=TaskRun.Status.FAILED
+    ).start_afresh()
 
 
 @transaction.atomic

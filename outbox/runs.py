@@ -28,9 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import Q
-from django.db.models.functions import Now
-from django.utils import timezone
 
 from broker.consume import FailureContext
 from outbox.models import TaskRun
@@ -246,13 +243,8 @@ class RunLedger:
         same transaction)."""
         run_id = str(envelope["run_id"])
         with transaction.atomic():
-            TaskRun.objects.filter(
-                run_id=run_id, status=TaskRun.Status.RUNNING, lease_holder=holder
-            ).update(
-                status=TaskRun.Status.RETRYING,
-                last_error=f"{error} (retry in {delay:.2f} s)",
-                lease_expires_at=None,
-                updated_at=timezone.now(),
+            TaskRun.objects.held_by(run_id, holder).retry_later(
+                error=f"{error} (retry in {delay:.2f} s)"
             )
             if rearm:
                 rearm_outbox_row(envelope, delay=delay)
@@ -274,9 +266,7 @@ class RunLedger:
     def requeued(self, run_id: str, *, holder: str) -> None:
         """A shutdown gave the message back before its task finished: the run is free
         for the next receive at once."""
-        TaskRun.objects.filter(
-            run_id=run_id, status=TaskRun.Status.RUNNING, lease_holder=holder
-        ).update(status=TaskRun.Status.QUEUED, lease_expires_at=None, updated_at=timezone.now())
+        TaskRun.objects.held_by(run_id, holder).give_back()
 
 
 def run_failed(
@@ -293,14 +283,7 @@ def run_failed(
     """Mark the run ``failed`` (whatever it was) and record ``TaskFailed`` in the trail, in
     the caller's transaction: the worker's permanent failure, or the monitor's verdict on a
     run its message will never reach again (``outbox.stranded``)."""
-    now = timezone.now()
-    TaskRun.objects.filter(run_id=run_id).update(
-        status=TaskRun.Status.FAILED,
-        last_error=f"{error_type}: {message}",
-        lease_expires_at=None,
-        finished_at=now,
-        updated_at=now,
-    )
+    TaskRun.objects.filter(run_id=run_id).fail(error=f"{error_type}: {message}")
     publish(
         "TaskFailed",
         {
@@ -323,19 +306,7 @@ def requeue_failed_run(run_id: str) -> bool:
     Not for a run that succeeded (the message is then a duplicate: the worker skips it)
     nor one a worker holds under a live lease (it would run twice); both stay as they are.
     """
-    held = Q(status=TaskRun.Status.RUNNING, lease_expires_at__gt=Now())
-    return bool(
-        TaskRun.objects.filter(run_id=run_id)
-        .exclude(status=TaskRun.Status.SUCCEEDED)
-        .exclude(held)
-        .update(
-            status=TaskRun.Status.QUEUED,
-            receive_count=0,
-            finished_at=None,
-            lease_expires_at=None,
-            updated_at=timezone.now(),
-        )
-    )
+    return bool(TaskRun.objects.filter(run_id=run_id).start_afresh())
 
 
 def _record_unknown_run(run_id: uuid.UUID, envelope: dict[str, Any]) -> None:
