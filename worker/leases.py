@@ -20,6 +20,7 @@ import time
 
 from django.db import connection
 
+from lifecycle.failures import log_failure
 from outbox.runs import Lease, RunLedger
 
 logger = logging.getLogger("hubdommed.worker")
@@ -85,9 +86,9 @@ class LeaseKeeper:
     def _beat(self, due: list[Lease]) -> None:
         try:
             kept = self.ledger.extend(due)
-        except Exception:
+        except Exception as exc:
             # The database is away: the leases run on; the next beat tries again.
-            logger.exception("extending %d run leases failed", len(due))
+            log_failure(logger, exc, "extending %d run leases failed", len(due))
         else:
             self.beats += 1
             with self._lock:

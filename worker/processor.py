@@ -53,6 +53,7 @@ from broker.consume import (
     visibility_timeout,
 )
 from common.context import log_context
+from lifecycle.failures import log_failure
 from outbox.catalog import DEFAULT_TIME_LIMIT_SECONDS, RetryPolicy, get_catalog
 from outbox.handlers import TaskMessage, get_handler
 from outbox.runs import Begin, Lease, RunLedger, new_holder
@@ -130,9 +131,11 @@ class TaskProcessor:
         close_old_connections()
         try:
             self._process(delivery)
-        except Exception:
+        except Exception as exc:
             # The bookkeeping before the handler failed (the database is away, say).
-            logger.exception("bookkeeping for %s failed; it will come back", delivery.run_id)
+            log_failure(
+                logger, exc, "bookkeeping for %s failed; it will come back", delivery.run_id
+            )
             self._settle(delivery, Outcome.INFRASTRUCTURE, self.come_back.infrastructure)
         finally:
             # Each worker thread keeps its own connection; drop it if it went bad or old.
@@ -428,11 +431,15 @@ class TaskProcessor:
                 # The broker brings the message back by itself (connection gone, visibility).
                 logger.warning("could not settle %s (%s): %s", delivery.run_id, outcome, exc)
                 settling = Settling.UNSETTLED
-            except Exception:
+            except Exception as exc:
                 # The bookkeeping failed (the database is away): give the message back for
                 # later, so that it neither sits unsettled nor holds a slot.
-                logger.exception(
-                    "could not settle %s (%s); it will come back", delivery.run_id, outcome
+                log_failure(
+                    logger,
+                    exc,
+                    "could not settle %s (%s); it will come back",
+                    delivery.run_id,
+                    outcome,
                 )
                 settling = Settling.INFRASTRUCTURE
                 try:

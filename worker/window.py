@@ -29,6 +29,7 @@ from typing import Any, Protocol
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from broker.consume import Consumer, Delivery
+from lifecycle.failures import log_failure
 from outbox.runs import Lease, RunLedger, Started
 from worker.outcomes import Outcome
 
@@ -211,7 +212,7 @@ class RunWindow:
                 self.processor.claim_window(batch)
         except Exception as exc:
             # The database is away: each slot gives its message back for later.
-            logger.exception("claiming %d runs failed", len(batch))
+            log_failure(logger, exc, "claiming %d runs failed", len(batch))
             for prepared in batch:
                 if prepared.error is None and prepared.started is None:
                     prepared.error = exc
@@ -249,8 +250,10 @@ class RunWindow:
             try:
                 self.commit_statements += 1
                 marked = self.processor.ledger.succeeded_many(leases)
-            except Exception:
-                logger.exception(
+            except Exception as exc:
+                log_failure(
+                    logger,
+                    exc,
                     "recording %d outcomes failed (attempt %d of %d)",
                     len(leases),
                     attempt,

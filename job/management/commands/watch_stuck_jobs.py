@@ -60,6 +60,7 @@ from job.monitor_metrics import (
 )
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
 from lifecycle.daemon import Daemon
+from lifecycle.failures import log_failure
 
 logger = logging.getLogger("hubdommed.monitor")
 
@@ -291,10 +292,11 @@ class Command(Daemon):
                 logger.exception("monitor step %s failed", step.__name__)
                 counts.errors += 1
                 MONITOR_STEP_ERRORS.labels(step=step.__name__).inc()
+        self.guard_connection()
         try:
             monitor_cycle_ended()
-        except Exception:
-            logger.exception("monitor could not record the end of its cycle")
+        except Exception as exc:
+            log_failure(logger, exc, "monitor could not record the end of its cycle")
             counts.errors += 1
             MONITOR_STEP_ERRORS.labels(step="monitor_cycle_ended").inc()
         counts.errors += len(counts.stranded.failed)
