@@ -6,14 +6,14 @@ are never deleted: ``DELETE`` is refused and points to the ``disable`` action.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, NewestFirstCursorPagination, validated
-from common.schema import ErrorSerializer
+from common.schema import error_response
 from identity.permissions import IsTenantManager
 from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import WebhookEndpoint
@@ -26,10 +26,6 @@ from webhook.services import (
     endpoint_rotate_secret,
     endpoint_update,
 )
-
-
-def _error(description: str) -> OpenApiResponse:
-    return OpenApiResponse(ErrorSerializer, description=description)
 
 
 class EndpointOutput(serializers.ModelSerializer):
@@ -108,7 +104,7 @@ class DeliveryOutput(serializers.Serializer):
     history = AttemptOutput(many=True, help_text="Every attempt, oldest first.")
 
 
-_NOT_FOUND = _error("`webhook_not_found` (also another tenant's endpoint).")
+_NOT_FOUND = error_response("`webhook_not_found` (also another tenant's endpoint).")
 
 
 class EndpointsApi(GenericAPIView):
@@ -126,11 +122,11 @@ class EndpointsApi(GenericAPIView):
         request=EndpointCreateInput,
         responses={
             201: EndpointWithSecretOutput,
-            400: _error(
+            400: error_response(
                 "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
                 "`webhook_event_type_not_allowed`."
             ),
-            409: _error(
+            409: error_response(
                 "`endpoint_limit_reached` (the tenant has WEBHOOK_MAX_ENDPOINTS_PER_TENANT "
                 "active endpoints; `details.limit`)."
             ),
@@ -160,7 +156,7 @@ class EndpointDetailApi(NeverDeleted, APIView):
         request=EndpointUpdateInput,
         responses={
             200: EndpointOutput,
-            400: _error(
+            400: error_response(
                 "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
                 "`webhook_event_type_not_allowed`."
             ),
@@ -177,7 +173,7 @@ class EndpointDetailApi(NeverDeleted, APIView):
     @extend_schema(
         operation_id="webhooks_delete",
         request=None,
-        responses={405: _error("Always: endpoints are disabled instead.")},
+        responses={405: error_response("Always: endpoints are disabled instead.")},
     )
     def delete(self, request, endpoint_id: int):
         self.refuse_delete(endpoint_id=endpoint_id)
@@ -196,7 +192,7 @@ class EndpointRotateSecretApi(APIView):
         responses={
             200: EndpointWithSecretOutput,
             404: _NOT_FOUND,
-            409: _error("`webhook_disabled`."),
+            409: error_response("`webhook_disabled`."),
         },
     )
     def post(self, request, endpoint_id: int):
@@ -212,7 +208,11 @@ class EndpointDisableApi(APIView):
     @extend_schema(
         operation_id="webhooks_disable",
         request=DisableInput,
-        responses={200: EndpointOutput, 404: _NOT_FOUND, 409: _error("`webhook_disabled`.")},
+        responses={
+            200: EndpointOutput,
+            404: _NOT_FOUND,
+            409: error_response("`webhook_disabled`."),
+        },
     )
     def post(self, request, endpoint_id: int):
         data = validated(DisableInput, request.data or {})
@@ -234,7 +234,7 @@ class EndpointEnableApi(APIView):
         responses={
             200: EndpointOutput,
             404: _NOT_FOUND,
-            409: _error("`webhook_active`, `endpoint_limit_reached`."),
+            409: error_response("`webhook_active`, `endpoint_limit_reached`."),
         },
     )
     def post(self, request, endpoint_id: int):

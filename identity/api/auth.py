@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import validated
-from common.schema import ErrorSerializer
+from common.schema import error_response
 from identity import services
 from identity.api.serializers import (
     LoginSerializer,
@@ -56,15 +56,9 @@ class LoginApi(SessionApi):
         request=LoginSerializer,
         responses={
             200: TokenPairSerializer,
-            401: OpenApiResponse(
-                ErrorSerializer, description="Wrong email or password (one error for both)."
-            ),
-            403: OpenApiResponse(
-                ErrorSerializer, description="The account or its tenant is deactivated."
-            ),
-            429: OpenApiResponse(
-                ErrorSerializer, description="Too many attempts; see Retry-After."
-            ),
+            401: error_response("Wrong email or password (one error for both)."),
+            403: error_response("The account or its tenant is deactivated."),
+            429: error_response("Too many attempts; see Retry-After."),
         },
         summary="Log in with email and password",
     )
@@ -82,9 +76,8 @@ class RefreshApi(SessionApi):
         request=RefreshSerializer,
         responses={
             200: TokenPairSerializer,
-            401: OpenApiResponse(
-                ErrorSerializer,
-                description="Unknown, expired, revoked or already used refresh token "
+            401: error_response(
+                "Unknown, expired, revoked or already used refresh token "
                 "(a reused one ends its whole session).",
             ),
         },

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import DefaultPagination, NeverDeleted, validated
-from common.schema import ErrorSerializer
+from common.schema import error_response
 from identity import selectors, services
 from identity.api.common import paginated, query
 from identity.api.serializers import (
@@ -20,8 +20,8 @@ from identity.api.serializers import (
 from identity.permissions import IsPlatformAdmin
 
 TAG = "tenants"
-NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such tenant.")
-CONFLICT = OpenApiResponse(ErrorSerializer, description="The tenant is deactivated.")
+NOT_FOUND = error_response("No such tenant.")
+CONFLICT = error_response("The tenant is deactivated.")
 
 
 class TenantCollectionApi(NeverDeleted, APIView):
@@ -43,7 +43,7 @@ class TenantCollectionApi(NeverDeleted, APIView):
         request=TenantCreateSerializer,
         responses={
             201: TenantSerializer,
-            409: OpenApiResponse(ErrorSerializer, description="The slug is taken."),
+            409: error_response("The slug is taken."),
         },
         summary="Create a tenant",
     )

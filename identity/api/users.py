@@ -6,13 +6,13 @@ is a 404 for a manager, exactly like a user that does not exist.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import DefaultPagination, NeverDeleted, validated
-from common.schema import ErrorSerializer
+from common.schema import error_response
 from identity import selectors, services
 from identity.api.common import paginated, query
 from identity.api.serializers import (
@@ -24,7 +24,7 @@ from identity.api.serializers import (
 from identity.permissions import IsPlatformAdmin, IsTenantManager
 
 TAG = "users"
-NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such user (or not yours to see).")
+NOT_FOUND = error_response("No such user (or not yours to see).")
 MANAGERS = [IsPlatformAdmin | IsTenantManager]
 
 
@@ -53,10 +53,8 @@ class UserCollectionApi(NeverDeleted, APIView):
         request=UserRegisterSerializer,
         responses={
             201: UserSerializer,
-            404: OpenApiResponse(ErrorSerializer, description="No such tenant."),
-            409: OpenApiResponse(
-                ErrorSerializer, description="The email is taken or the tenant is deactivated."
-            ),
+            404: error_response("No such tenant."),
+            409: error_response("The email is taken or the tenant is deactivated."),
         },
         summary="Register a user in a tenant",
     )
@@ -86,7 +84,7 @@ class UserDetailApi(NeverDeleted, APIView):
         responses={
             200: UserSerializer,
             404: NOT_FOUND,
-            409: OpenApiResponse(ErrorSerializer, description="The user is deactivated."),
+            409: error_response("The user is deactivated."),
         },
         summary="Change a user's name or role",
     )
@@ -106,9 +104,7 @@ class UserDeactivateApi(APIView):
         responses={
             200: UserSerializer,
             404: NOT_FOUND,
-            409: OpenApiResponse(
-                ErrorSerializer, description="Already deactivated, or the caller themselves."
-            ),
+            409: error_response("Already deactivated, or the caller themselves."),
         },
         summary="Deactivate a user: ends their sessions and blocks login",
     )

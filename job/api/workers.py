@@ -6,7 +6,7 @@ automation: another automation's job is a 404, as if it did not exist.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,7 +15,7 @@ from automation.permissions import IsWorker
 from automation.services import worker_seen
 from common.api import validated
 from common.errors import Conflict
-from common.schema import ErrorSerializer
+from common.schema import error_response
 from job.api.serializers import (
     ClaimedJobOutput,
     CompleteInput,
@@ -28,12 +28,9 @@ from job.api.serializers import (
 from job.selectors import jobs_pending_for
 from job.services import job_claim, job_complete, job_fail, job_heartbeat
 
-_NOT_FOUND = OpenApiResponse(
-    ErrorSerializer, description="`job_not_found` (also another automation's job)."
-)
-_REPORT_CONFLICTS = OpenApiResponse(
-    ErrorSerializer,
-    description=(
+_NOT_FOUND = error_response("`job_not_found` (also another automation's job).")
+_REPORT_CONFLICTS = error_response(
+    (
         "`stale_claim` (not the job's current claim), `already_finished` (the job ended "
         "otherwise), `not_running`. Nothing changes."
     ),
@@ -74,11 +71,8 @@ class JobStartApi(WorkerApi):
         responses={
             200: ClaimedJobOutput,
             404: _NOT_FOUND,
-            409: OpenApiResponse(
-                ErrorSerializer,
-                description=(
-                    "An expected refusal: `already_claimed`, `concurrency_limit` or `not_pending`."
-                ),
+            409: error_response(
+                ("An expected refusal: `already_claimed`, `concurrency_limit` or `not_pending`."),
             ),
         },
     )
