@@ -29,7 +29,7 @@ from automation.services import (
     worker_seen,
 )
 from common.api import NeverDeleted, validated
-from common.schema import error_response
+from common.schema import error_response, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
 CREDENTIAL_HELP = "The worker's credential. Shown this once: only its hash is kept."
@@ -257,13 +257,9 @@ class AutomationDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
         )
         return Response(represent(request, automation))
 
-    @extend_schema(
-        operation_id="automations_delete",
-        request=None,
-        responses={405: error_response("Always: automations are deactivated.")},
+    delete = refused_delete(
+        operation_id="automations_delete", description="Always: automations are deactivated."
     )
-    def delete(self, request, automation_id: int):
-        self.refuse_delete(automation_id=automation_id)
 
 
 class AutomationDeactivateApi(APIView):

@@ -9,10 +9,10 @@ this class gives every declared error the error format too.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from drf_spectacular import openapi
-from drf_spectacular.utils import OpenApiResponse, extend_schema_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
 from rest_framework import permissions, serializers
 
 
@@ -33,6 +33,21 @@ class ErrorSerializer(serializers.Serializer):
 def error_response(description: str) -> OpenApiResponse:
     """A documented failure in the one error format."""
     return OpenApiResponse(ErrorSerializer, description=description)
+
+
+def refused_delete(*, operation_id: str, description: str):
+    """The ``delete`` of a ``common.api.NeverDeleted`` view that shows its 405 in the schema.
+
+    ``delete = refused_delete(operation_id="sectors_delete", description="Always: ...")``
+    """
+
+    @extend_schema(
+        operation_id=operation_id, request=None, responses={405: error_response(description)}
+    )
+    def delete(self, request, **url_kwargs: Any) -> NoReturn:
+        self.refuse_delete(**url_kwargs)
+
+    return delete
 
 
 # What each automatic error answer says when the view declared nothing more precise.

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.schema import error_response
+from common.schema import error_response, refused_delete
 from identity.permissions import IsTenantManager, IsTenantMember
 from schedule.models import Misfire, Schedule
 from schedule.selectors import schedule_get, schedule_list
@@ -225,13 +225,9 @@ class ScheduleDetailApi(ReadForMembersWriteForManagers, NeverDeleted, APIView):
         )
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(
-        operation_id="schedules_delete",
-        request=None,
-        responses={405: error_response("Always: schedules are deactivated.")},
+    delete = refused_delete(
+        operation_id="schedules_delete", description="Always: schedules are deactivated."
     )
-    def delete(self, request, schedule_id: int):
-        self.refuse_delete(schedule_id=schedule_id)
 
 
 class _ScheduleMoveApi(APIView):

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.schema import error_response
+from common.schema import error_response, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins
 from sector.models import Sector
 from sector.selectors import sector_for_caller, sector_list
@@ -114,13 +114,9 @@ class SectorDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
         sector = sector_update(sector_id=sector_id, data=data, actor=request.user)
         return Response(SectorSerializer(sector).data)
 
-    @extend_schema(
-        operation_id="sectors_delete",
-        request=None,
-        responses={405: error_response("Always: sectors are deactivated instead.")},
+    delete = refused_delete(
+        operation_id="sectors_delete", description="Always: sectors are deactivated instead."
     )
-    def delete(self, request, sector_id: int):
-        self.refuse_delete(sector_id=sector_id)
 
 
 class SectorDeactivateApi(APIView):

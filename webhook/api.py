@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, NewestFirstCursorPagination, validated
-from common.schema import error_response
+from common.schema import error_response, refused_delete
 from identity.permissions import IsTenantManager
 from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import WebhookEndpoint
@@ -170,13 +170,9 @@ class EndpointDetailApi(NeverDeleted, APIView):
         )
         return Response(EndpointOutput(endpoint).data)
 
-    @extend_schema(
-        operation_id="webhooks_delete",
-        request=None,
-        responses={405: error_response("Always: endpoints are disabled instead.")},
+    delete = refused_delete(
+        operation_id="webhooks_delete", description="Always: endpoints are disabled instead."
     )
-    def delete(self, request, endpoint_id: int):
-        self.refuse_delete(endpoint_id=endpoint_id)
 
 
 class EndpointRotateSecretApi(APIView):
