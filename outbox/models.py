@@ -68,6 +68,23 @@ def _outbox_meta_constraints(table: str) -> list:
     ]
 
 
+def _outbox_meta_indexes(prefix: str) -> list:
+    return [
+        # The relay's batch query: pending rows in id order (partial, so it stays small
+        # however much history the table keeps).
+        models.Index(
+            fields=["id"],
+            include=["available_at"],
+            condition=Q(sent_at__isnull=True),
+            name=f"{prefix}_pending_idx",
+        ),
+        # maintenance.purge: sent rows by age.
+        models.Index(
+            fields=["sent_at"], condition=Q(sent_at__isnull=False), name=f"{prefix}_sent_idx"
+        ),
+    ]
+
+
 # What moves an unsent outbox row (``sent_at`` NULL) to sent, its final state.
 OUTBOX_ROW_WAY_FORWARD = (
     "available_at and the relay's sweep (the Redis wake only speeds it up): due rows are "
@@ -87,22 +104,7 @@ class OutboxMessage(BaseOutboxMessage):
     class Meta:
         db_table = "outbox_messages"
         constraints = _outbox_meta_constraints("outbox_messages")
-        indexes = [
-            # The relay's batch query: pending rows in id order (partial, so it stays small
-            # however much history the table keeps).
-            models.Index(
-                fields=["id"],
-                include=["available_at"],
-                condition=Q(sent_at__isnull=True),
-                name="outbox_messages_pending_idx",
-            ),
-            # maintenance.purge: sent rows by age.
-            models.Index(
-                fields=["sent_at"],
-                condition=Q(sent_at__isnull=False),
-                name="outbox_messages_sent_idx",
-            ),
-        ]
+        indexes = _outbox_meta_indexes("outbox_messages")
 
 
 class PlatformOutboxMessage(BaseOutboxMessage):
@@ -111,19 +113,8 @@ class PlatformOutboxMessage(BaseOutboxMessage):
     class Meta:
         db_table = "platform_outbox_messages"
         constraints = _outbox_meta_constraints("platform_outbox_messages")
-        indexes = [
-            models.Index(
-                fields=["id"],
-                include=["available_at"],
-                condition=Q(sent_at__isnull=True),
-                name="platform_outbox_pending_idx",
-            ),
-            models.Index(
-                fields=["sent_at"],
-                condition=Q(sent_at__isnull=False),
-                name="platform_outbox_sent_idx",
-            ),
-        ]
+        # "platform_outbox_...": the names the migrations gave these indexes.
+        indexes = _outbox_meta_indexes("platform_outbox")
 
 
 class TaskRunStatus(models.TextChoices):
