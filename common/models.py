@@ -6,9 +6,18 @@ from datetime import datetime
 from typing import ClassVar
 
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 from common.errors import Conflict
+
+
+def choices_check(table: str, field: str, choices: type[models.Choices]) -> models.CheckConstraint:
+    """The database's own guard that ``field`` holds one of ``choices``: a row written around
+    the model (raw SQL, a migration) cannot hold a value the code does not know."""
+    return models.CheckConstraint(
+        condition=Q(**{f"{field}__in": choices.values}), name=f"{table}_{field}_check"
+    )
 
 
 class Deactivatable(models.Model):

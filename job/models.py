@@ -25,6 +25,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from common.errors import Conflict
+from common.models import choices_check
 from outbox.models import jsonb_typeof_is
 
 
@@ -114,9 +115,7 @@ class Job(models.Model):
     class Meta:
         db_table = "jobs"
         constraints = [
-            models.CheckConstraint(
-                condition=Q(status__in=JobStatus.values), name="jobs_status_check"
-            ),
+            choices_check("jobs", "status", JobStatus),
             models.CheckConstraint(
                 condition=Q(failure_reason="") | Q(failure_reason__in=FailureReason.values),
                 name="jobs_failure_reason_check",

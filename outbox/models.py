@@ -18,6 +18,7 @@ from django.db.models import Q
 from django.db.models.lookups import Exact
 
 from broker.topology import QUEUES
+from common.models import choices_check
 
 
 class Queue(models.TextChoices):
@@ -180,9 +181,7 @@ class TaskRun(models.Model):
     class Meta:
         db_table = "task_runs"
         constraints = [
-            models.CheckConstraint(
-                condition=Q(status__in=TaskRunStatus.values), name="task_runs_status_check"
-            ),
+            choices_check("task_runs", "status", TaskRunStatus),
             models.CheckConstraint(condition=Q(queue__in=QUEUES), name="task_runs_queue_check"),
             models.CheckConstraint(
                 condition=Q(receive_count__gte=0), name="task_runs_receive_count_check"
