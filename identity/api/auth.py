@@ -39,6 +39,7 @@ def _token_pair_response(pair: services.TokenPair) -> Response:
     return response
 
 
+@extend_schema(tags=[TAG])
 class SessionApi(APIView):
     # The session endpoints take a password or a refresh token, never an access token: an
     # expired access token must not stand in the way of getting a new one. (A comment, not a
@@ -47,11 +48,11 @@ class SessionApi(APIView):
     permission_classes = [AllowAny]
 
 
+@extend_schema(tags=[TAG])
 class LoginApi(SessionApi):
     throttle_classes = [LoginRateByAddress, LoginRateByEmail]
 
     @extend_schema(
-        tags=[TAG],
         auth=[],
         request=LoginSerializer,
         responses={
@@ -69,9 +70,9 @@ class LoginApi(SessionApi):
         )
 
 
+@extend_schema(tags=[TAG])
 class RefreshApi(SessionApi):
     @extend_schema(
-        tags=[TAG],
         auth=[],
         request=RefreshSerializer,
         responses={
@@ -88,9 +89,9 @@ class RefreshApi(SessionApi):
         return _token_pair_response(services.refresh_token_rotate(token=data["refresh_token"]))
 
 
+@extend_schema(tags=[TAG])
 class LogoutApi(SessionApi):
     @extend_schema(
-        tags=[TAG],
         auth=[],
         request=RefreshSerializer,
         responses={204: OpenApiResponse(description="The session is ended.")},
@@ -102,9 +103,10 @@ class LogoutApi(SessionApi):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+@extend_schema(tags=[TAG])
 class MeApi(APIView):
     permission_classes = [IsPerson]
 
-    @extend_schema(tags=[TAG], responses=MeSerializer, summary="The calling person")
+    @extend_schema(responses=MeSerializer, summary="The calling person")
     def get(self, request):
         return Response(MeSerializer(request.user).data)

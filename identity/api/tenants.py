@@ -24,12 +24,12 @@ NOT_FOUND = error_response("No such tenant.")
 CONFLICT = error_response("The tenant is deactivated.")
 
 
+@extend_schema(tags=[TAG])
 class TenantCollectionApi(NeverDeleted, APIView):
     permission_classes = [IsPlatformAdmin]
     pagination_class = DefaultPagination
 
     @extend_schema(
-        tags=[TAG],
         parameters=[TenantListQuerySerializer],
         responses=TenantSerializer(many=True),
         summary="List tenants",
@@ -39,7 +39,6 @@ class TenantCollectionApi(NeverDeleted, APIView):
         return paginated(self, selectors.tenant_list(**filters), TenantSerializer)
 
     @extend_schema(
-        tags=[TAG],
         request=TenantCreateSerializer,
         responses={
             201: TenantSerializer,
@@ -53,18 +52,16 @@ class TenantCollectionApi(NeverDeleted, APIView):
         return Response(TenantSerializer(tenant).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema(tags=[TAG])
 class TenantDetailApi(NeverDeleted, APIView):
     permission_classes = [IsPlatformAdmin]
     delete_hint = "Tenants are never deleted: POST /api/v1/tenants/{tenant_id}/deactivate instead."
 
-    @extend_schema(
-        tags=[TAG], responses={200: TenantSerializer, 404: NOT_FOUND}, summary="Read a tenant"
-    )
+    @extend_schema(responses={200: TenantSerializer, 404: NOT_FOUND}, summary="Read a tenant")
     def get(self, request, tenant_id: int):
         return Response(TenantSerializer(selectors.tenant_for_admin(tenant_id)).data)
 
     @extend_schema(
-        tags=[TAG],
         request=TenantRenameSerializer,
         responses={200: TenantSerializer, 404: NOT_FOUND, 409: CONFLICT},
         summary="Rename a tenant",
@@ -76,11 +73,11 @@ class TenantDetailApi(NeverDeleted, APIView):
         return Response(TenantSerializer(tenant).data)
 
 
+@extend_schema(tags=[TAG])
 class TenantDeactivateApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
     @extend_schema(
-        tags=[TAG],
         request=None,
         responses={200: TenantSerializer, 404: NOT_FOUND, 409: CONFLICT},
         summary="Deactivate a tenant: its users can no longer log in",

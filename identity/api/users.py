@@ -28,12 +28,12 @@ NOT_FOUND = error_response("No such user (or not yours to see).")
 MANAGERS = [IsPlatformAdmin | IsTenantManager]
 
 
+@extend_schema(tags=[TAG])
 class UserCollectionApi(NeverDeleted, APIView):
     permission_classes = MANAGERS
     pagination_class = DefaultPagination
 
     @extend_schema(
-        tags=[TAG],
         parameters=[UserListQuerySerializer],
         responses=UserSerializer(many=True),
         summary="List users (a manager sees their tenant's)",
@@ -49,7 +49,6 @@ class UserCollectionApi(NeverDeleted, APIView):
         return paginated(self, users, UserSerializer)
 
     @extend_schema(
-        tags=[TAG],
         request=UserRegisterSerializer,
         responses={
             201: UserSerializer,
@@ -67,19 +66,17 @@ class UserCollectionApi(NeverDeleted, APIView):
         return Response(UserSerializer(user).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema(tags=[TAG])
 class UserDetailApi(NeverDeleted, APIView):
     permission_classes = MANAGERS
     delete_hint = "Users are never deleted: POST /api/v1/users/{user_id}/deactivate instead."
 
-    @extend_schema(
-        tags=[TAG], responses={200: UserSerializer, 404: NOT_FOUND}, summary="Read a user"
-    )
+    @extend_schema(responses={200: UserSerializer, 404: NOT_FOUND}, summary="Read a user")
     def get(self, request, user_id: int):
         user = selectors.user_for_caller(caller=request.user, user_id=user_id)
         return Response(UserSerializer(user).data)
 
     @extend_schema(
-        tags=[TAG],
         request=UserUpdateSerializer,
         responses={
             200: UserSerializer,
@@ -95,11 +92,11 @@ class UserDetailApi(NeverDeleted, APIView):
         return Response(UserSerializer(user).data)
 
 
+@extend_schema(tags=[TAG])
 class UserDeactivateApi(APIView):
     permission_classes = MANAGERS
 
     @extend_schema(
-        tags=[TAG],
         request=None,
         responses={
             200: UserSerializer,
