@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -185,25 +185,23 @@ def represent(request, automation: Automation) -> dict[str, Any]:
     return AutomationSerializer(automation, context=context).data
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="automations_list", parameters=[AutomationFilterSerializer])
+)
 class AutomationListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView):
     serializer_class = AutomationSerializer
 
     def get_queryset(self) -> QuerySet[Automation]:
-        filters = AutomationFilterSerializer(data=self.request.query_params)
-        filters.is_valid(raise_exception=True)
+        filters = validated(AutomationFilterSerializer, self.request.query_params)
         return automation_list(
             caller=self.request.user,
-            active=filters.validated_data["active"],
-            sector_id=filters.validated_data["sector"],
-            search=filters.validated_data["search"],
+            active=filters["active"],
+            sector_id=filters["sector"],
+            search=filters["search"],
         )
 
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "with_worker": is_platform_admin(self.request)}
-
-    @extend_schema(operation_id="automations_list", parameters=[AutomationFilterSerializer])
-    def get(self, request, *args, **kwargs):
-        return super().get(request, *args, **kwargs)
 
     @extend_schema(
         operation_id="automations_create",

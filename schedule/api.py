@@ -7,15 +7,14 @@ deactivate them. Another tenant's schedule is a 404. Schedules are never deleted
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import generics, serializers, status
-from rest_framework.permissions import SAFE_METHODS
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
 from common.schema import error_response, refused_delete
-from identity.permissions import IsTenantManager, IsTenantMember
+from identity.permissions import IsTenantManager, ReadForMembersWriteForManagers
 from schedule.models import Misfire, Schedule
 from schedule.selectors import schedule_get, schedule_list
 from schedule.services import (
@@ -131,32 +130,23 @@ class ScheduleFilterSerializer(serializers.Serializer):
     automation = serializers.IntegerField(required=False, min_value=1, default=None)
 
 
-class ReadForMembersWriteForManagers:
-    def get_permissions(self):
-        if self.request.method in SAFE_METHODS:
-            return [IsTenantMember()]
-        return [IsTenantManager()]
-
-
-class ScheduleListCreateApi(ReadForMembersWriteForManagers, generics.ListAPIView):
-    serializer_class = ScheduleSerializer
-
-    def get_queryset(self):
-        filters = ScheduleFilterSerializer(data=self.request.query_params)
-        filters.is_valid(raise_exception=True)
-        return schedule_list(
-            tenant_id=self.request.user.tenant_id,
-            active=filters.validated_data["active"],
-            automation_id=filters.validated_data["automation"],
-        )
-
-    @extend_schema(
+@extend_schema_view(
+    get=extend_schema(
         operation_id="schedules_list",
         summary="The tenant's schedules",
         parameters=[ScheduleFilterSerializer],
     )
-    def get(self, request, *args, **kwargs):
-        return super().get(request, *args, **kwargs)
+)
+class ScheduleListCreateApi(ReadForMembersWriteForManagers, generics.ListAPIView):
+    serializer_class = ScheduleSerializer
+
+    def get_queryset(self):
+        filters = validated(ScheduleFilterSerializer, self.request.query_params)
+        return schedule_list(
+            tenant_id=self.request.user.tenant_id,
+            active=filters["active"],
+            automation_id=filters["automation"],
+        )
 
     @extend_schema(
         operation_id="schedules_create",
@@ -244,10 +234,8 @@ class _ScheduleMoveApi(APIView):
         return Response(ScheduleSerializer(schedule).data)
 
 
-class SchedulePauseApi(_ScheduleMoveApi):
-    service = staticmethod(schedule_pause)
-
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         operation_id="schedules_pause",
         summary="Pause a schedule (managers)",
         description="No run starts until it is resumed. Pausing a paused schedule changes nothing.",
@@ -258,14 +246,13 @@ class SchedulePauseApi(_ScheduleMoveApi):
             409: error_response("`schedule_inactive`."),
         },
     )
-    def post(self, request, schedule_id: int):
-        return super().post(request, schedule_id)
+)
+class SchedulePauseApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_pause)
 
 
-class ScheduleResumeApi(_ScheduleMoveApi):
-    service = staticmethod(schedule_resume)
-
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         operation_id="schedules_resume",
         summary="Resume a paused schedule (managers)",
         description=(
@@ -286,14 +273,13 @@ class ScheduleResumeApi(_ScheduleMoveApi):
             ),
         },
     )
-    def post(self, request, schedule_id: int):
-        return super().post(request, schedule_id)
+)
+class ScheduleResumeApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_resume)
 
 
-class ScheduleDeactivateApi(_ScheduleMoveApi):
-    service = staticmethod(schedule_deactivate)
-
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         operation_id="schedules_deactivate",
         summary="Deactivate a schedule for good (managers)",
         request=None,
@@ -303,5 +289,6 @@ class ScheduleDeactivateApi(_ScheduleMoveApi):
             409: error_response("`schedule_inactive`: already deactivated."),
         },
     )
-    def post(self, request, schedule_id: int):
-        return super().post(request, schedule_id)
+)
+class ScheduleDeactivateApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_deactivate)

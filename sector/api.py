@@ -8,7 +8,7 @@ to ``POST /api/v1/sectors/{id}/deactivate``.
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -64,17 +64,15 @@ class SectorFilterSerializer(serializers.Serializer):
     search = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="sectors_list", parameters=[SectorFilterSerializer])
+)
 class SectorListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView):
     serializer_class = SectorSerializer
 
     def get_queryset(self) -> QuerySet[Sector]:
-        filters = SectorFilterSerializer(data=self.request.query_params)
-        filters.is_valid(raise_exception=True)
-        return sector_list(caller=self.request.user, **filters.validated_data)
-
-    @extend_schema(operation_id="sectors_list", parameters=[SectorFilterSerializer])
-    def get(self, request, *args, **kwargs):
-        return super().get(request, *args, **kwargs)
+        filters = validated(SectorFilterSerializer, self.request.query_params)
+        return sector_list(caller=self.request.user, **filters)
 
     @extend_schema(
         operation_id="sectors_create",
