@@ -295,10 +295,8 @@ def _refusal_for(constraint: str) -> Conflict | None:
 
 
 def _slug_taken() -> Conflict:
-    return Conflict(
-        "An automation already has this slug.",
-        code="automation_slug_taken",
-        details={"slug": ["An automation already has this slug."]},
+    return Conflict.over_field(
+        "slug", "An automation already has this slug.", code="automation_slug_taken"
     )
 
 

@@ -57,3 +57,9 @@ class Conflict(DomainError):
     status_code = 409
     code = "conflict"
     default_message = "The current state does not allow this."
+
+    @classmethod
+    def over_field(cls, field: str, message: str, *, code: str) -> Conflict:
+        """A value of one input field that another row holds (a taken slug): ``details``
+        names the field, as a validation error's would."""
+        return cls(message, code=code, details={field: [message]})

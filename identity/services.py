@@ -232,10 +232,8 @@ def user_set_password(*, user: User, password: str) -> User:
 
 
 def _email_taken() -> Conflict:
-    return Conflict(
-        "A user with this email already exists.",
-        code="email_taken",
-        details={"email": ["A user with this email already exists."]},
+    return Conflict.over_field(
+        "email", "A user with this email already exists.", code="email_taken"
     )
 
 

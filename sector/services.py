@@ -146,16 +146,10 @@ def _refusal_for(constraint: str) -> Conflict | None:
 
 
 def _name_taken() -> Conflict:
-    return Conflict(
-        "An active sector already has this name.",
-        code="sector_name_taken",
-        details={"name": ["An active sector already has this name."]},
+    return Conflict.over_field(
+        "name", "An active sector already has this name.", code="sector_name_taken"
     )
 
 
 def _slug_taken() -> Conflict:
-    return Conflict(
-        "A sector already has this slug.",
-        code="sector_slug_taken",
-        details={"slug": ["A sector already has this slug."]},
-    )
+    return Conflict.over_field("slug", "A sector already has this slug.", code="sector_slug_taken")
