@@ -359,11 +359,7 @@ class Job(models.Model):
             return None
         if self.status == JobStatus.CANCELED:
             return None
-        raise Conflict(
-            "The job has already finished.",
-            code="already_finished",
-            details={"status": self.status},
-        )
+        raise self._already_finished()
 
     def requeue(self, *, now: datetime) -> None:
         """Put a running job whose worker was lost back in the queue for another attempt.
@@ -383,13 +379,16 @@ class Job(models.Model):
         if self.status == JobStatus.RUNNING:
             return
         if self.is_finished:
-            raise Conflict(
-                "The job has already finished.",
-                code="already_finished",
-                details={"status": self.status},
-            )
+            raise self._already_finished()
         raise Conflict(
             "The job is not running.", code="not_running", details={"status": self.status}
+        )
+
+    def _already_finished(self) -> Conflict:
+        return Conflict(
+            "The job has already finished.",
+            code="already_finished",
+            details={"status": self.status},
         )
 
     def _finish(self, now: datetime) -> None:
