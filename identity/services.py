@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from common.errors import Conflict, DomainError, InvalidInput
+from common.models import save_or_refuse
 from identity.emails import normalize_email
 from identity.models import RefreshToken, RevokeReason, Tenant, User
 from identity.tokens import (
@@ -160,11 +161,8 @@ def user_register(
     if User.objects.filter(email=email).exists():
         raise _email_taken()
     user.set_password(password)
-    try:
-        with transaction.atomic():
-            user.save()
-    except IntegrityError:  # registered by someone else a moment ago
-        raise _email_taken() from None
+    # Registered by someone else a moment ago: the unique index has the last word.
+    save_or_refuse(user, lambda _constraint: _email_taken())
     publish(
         "UserRegistered",
         {"user_id": user.pk, "tenant_id": tenant.pk, "role": user.role},
