@@ -7,9 +7,9 @@ import hmac
 import secrets
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework import authentication, exceptions
+from rest_framework import exceptions
 
-from identity.authentication import bearer_token
+from identity.authentication import BearerAuthentication
 
 CREDENTIAL_PREFIX = "hdw_"
 
@@ -23,15 +23,12 @@ def hash_credential(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()
 
 
-class WorkerAuthentication(authentication.BaseAuthentication):
+class WorkerAuthentication(BearerAuthentication):
     """Authenticates a worker; ``request.user`` is the ``Worker``."""
 
-    keyword = "Bearer"
+    realm = "worker"
 
-    def authenticate(self, request):
-        credential = bearer_token(request)
-        if credential is None:
-            return None
+    def authenticate_credential(self, credential: str):
         if not credential.startswith(CREDENTIAL_PREFIX):
             raise exceptions.AuthenticationFailed(
                 "Invalid worker credential.", code="invalid_token"
@@ -50,9 +47,6 @@ class WorkerAuthentication(authentication.BaseAuthentication):
                 "Invalid worker credential.", code="invalid_token"
             )
         return worker, None
-
-    def authenticate_header(self, request) -> str:
-        return f'{self.keyword} realm="worker"'
 
 
 class WorkerCredentialScheme(OpenApiAuthenticationExtension):

@@ -9,13 +9,29 @@ from common.context import bind_log_ids
 from identity.tokens import InvalidAccessToken, decode_access_token, token_user_id
 
 
-class AccessTokenAuthentication(authentication.BaseAuthentication):
+class BearerAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer <credential>``; ``authenticate_credential`` says whose it is."""
+
     keyword = "Bearer"
+    realm: str
 
     def authenticate(self, request):
-        token = bearer_token(request)
-        if token is None:
+        credential = bearer_token(request)
+        if credential is None:
             return None
+        return self.authenticate_credential(credential)
+
+    def authenticate_credential(self, credential: str) -> tuple[object, object]:
+        raise NotImplementedError
+
+    def authenticate_header(self, request) -> str:
+        return f'{self.keyword} realm="{self.realm}"'
+
+
+class AccessTokenAuthentication(BearerAuthentication):
+    realm = "api"
+
+    def authenticate_credential(self, token: str):
         try:
             claims = decode_access_token(token)
         except InvalidAccessToken as exc:
@@ -39,9 +55,6 @@ class AccessTokenAuthentication(authentication.BaseAuthentication):
         # The rest of the request's log lines say whose it is (a platform admin has none).
         bind_log_ids(tenant_id=user.tenant_id)
         return user, claims
-
-    def authenticate_header(self, request) -> str:
-        return f'{self.keyword} realm="api"'
 
 
 def bearer_token(request) -> str | None:
