@@ -23,7 +23,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
 
-from common.errors import Conflict, DomainError, InvalidInput
+from common.errors import Conflict, DomainError, Forbidden, InvalidInput
 from common.models import save_or_refuse
 from identity.emails import normalize_email
 from identity.models import RefreshToken, RevokeReason, Tenant, User
@@ -39,22 +39,25 @@ from outbox.services import publish
 logger = logging.getLogger("hubdommed.identity")
 
 
-class InvalidCredentials(DomainError):
+class Unauthenticated(DomainError):
+    """A credential refused at login or refresh: the caller is nobody we know (401)."""
+
     status_code = 401
+
+
+class InvalidCredentials(Unauthenticated):
     code = "invalid_credentials"
     default_message = "The email or the password is incorrect."
 
 
-class AccountInactive(DomainError):
-    status_code = 403
-    code = "account_inactive"
-    default_message = "This account is deactivated."
-
-
-class InvalidRefreshToken(DomainError):
-    status_code = 401
+class InvalidRefreshToken(Unauthenticated):
     code = "invalid_refresh_token"
     default_message = "The refresh token is not valid."
+
+
+class AccountInactive(Forbidden):
+    code = "account_inactive"
+    default_message = "This account is deactivated."
 
 
 @dataclass(frozen=True)
