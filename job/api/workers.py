@@ -6,7 +6,10 @@ automation: another automation's job is a 404, as if it did not exist.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from typing import TYPE_CHECKING, Any
+
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -27,6 +30,10 @@ from job.api.serializers import (
 )
 from job.selectors import jobs_pending_for
 from job.services import job_claim, job_complete, job_fail, job_heartbeat
+
+if TYPE_CHECKING:
+    from automation.models import Worker
+    from job.models import Job
 
 _NOT_FOUND = error_response("`job_not_found` (also another automation's job).")
 _REPORT_CONFLICTS = error_response(
@@ -89,25 +96,40 @@ class JobStartApi(WorkerApi):
         return response
 
 
-class JobHeartbeatApi(WorkerApi):
-    @extend_schema(
+class _JobReportApi(WorkerApi):
+    # A worker's report on the job it holds, as _ScheduleMoveApi moves a schedule:
+    # ``report_input`` checks the body, ``report`` is the one service call, ``answer``
+    # serializes the job. Each report documents its operation with extend_schema_view.
+    report_input: type[serializers.Serializer]
+    answer: type[serializers.Serializer]
+
+    @staticmethod
+    def report(*, worker: Worker, job_id: int, **data: Any) -> Job:
+        raise NotImplementedError
+
+    def post(self, request, job_id: int):
+        data = validated(self.report_input, request.data)
+        job = self.report(worker=request.user, job_id=job_id, **data)
+        return Response(self.answer(job).data)
+
+
+@extend_schema_view(
+    post=extend_schema(
         operation_id="jobs_heartbeat",
         summary="Extend the claim's lease",
         description="The answer's `cancel_requested` tells the worker to stop and report.",
         request=HeartbeatInput,
         responses={200: HeartbeatOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
-    def post(self, request, job_id: int):
-        data = validated(HeartbeatInput, request.data)
-        job = job_heartbeat(worker=request.user, job_id=job_id, **data)
-        return Response(HeartbeatOutput(job).data)
+)
+class JobHeartbeatApi(_JobReportApi):
+    report_input = HeartbeatInput
+    report = staticmethod(job_heartbeat)
+    answer = HeartbeatOutput
 
 
-class JobCompleteApi(WorkerApi):
-    # A command's output may hold any character: what text cannot store is replaced.
-    replace_unstorable_text = ("output_tail",)
-
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         operation_id="jobs_complete",
         summary="Report success",
         description=(
@@ -118,17 +140,17 @@ class JobCompleteApi(WorkerApi):
         request=CompleteInput,
         responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
-    def post(self, request, job_id: int):
-        data = validated(CompleteInput, request.data)
-        job = job_complete(worker=request.user, job_id=job_id, **data)
-        return Response(ClaimedJobOutput(job).data)
-
-
-class JobFailApi(WorkerApi):
+)
+class JobCompleteApi(_JobReportApi):
     # A command's output may hold any character: what text cannot store is replaced.
-    replace_unstorable_text = ("output_tail", "error")
+    replace_unstorable_text = ("output_tail",)
+    report_input = CompleteInput
+    report = staticmethod(job_complete)
+    answer = ClaimedJobOutput
 
-    @extend_schema(
+
+@extend_schema_view(
+    post=extend_schema(
         operation_id="jobs_fail",
         summary="Report failure",
         description=(
@@ -138,7 +160,10 @@ class JobFailApi(WorkerApi):
         request=FailInput,
         responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
-    def post(self, request, job_id: int):
-        data = validated(FailInput, request.data)
-        job = job_fail(worker=request.user, job_id=job_id, **data)
-        return Response(ClaimedJobOutput(job).data)
+)
+class JobFailApi(_JobReportApi):
+    # A command's output may hold any character: what text cannot store is replaced.
+    replace_unstorable_text = ("output_tail", "error")
+    report_input = FailInput
+    report = staticmethod(job_fail)
+    answer = ClaimedJobOutput
