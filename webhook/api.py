@@ -6,7 +6,9 @@ are never deleted: ``DELETE`` is refused and points to the ``disable`` action.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from typing import Any
+
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
@@ -175,10 +177,32 @@ class EndpointDetailApi(NeverDeleted, APIView):
     )
 
 
-class EndpointRotateSecretApi(APIView):
+class _EndpointMoveApi(APIView):
+    # A POST that moves one endpoint through ``service`` and answers it as ``answer``
+    # does, as _ScheduleMoveApi moves a schedule; each documents its operation with
+    # extend_schema_view.
     permission_classes = [IsTenantManager]
+    answer: type[serializers.Serializer] = EndpointOutput
 
-    @extend_schema(
+    @staticmethod
+    def service(*, tenant: int, endpoint_id: int, actor: Any, **data: Any) -> WebhookEndpoint:
+        raise NotImplementedError
+
+    def move_input(self, request) -> dict[str, Any]:
+        return {}
+
+    def post(self, request, endpoint_id: int):
+        endpoint = self.service(
+            tenant=request.user.tenant_id,
+            endpoint_id=endpoint_id,
+            actor=request.user,
+            **self.move_input(request),
+        )
+        return Response(self.answer(endpoint).data)
+
+
+@extend_schema_view(
+    post=extend_schema(
         operation_id="webhooks_rotate_secret",
         description=(
             "A new signing secret, shown in this answer only. The old one keeps signing "
@@ -191,17 +215,14 @@ class EndpointRotateSecretApi(APIView):
             409: error_response("`webhook_disabled`."),
         },
     )
-    def post(self, request, endpoint_id: int):
-        endpoint = endpoint_rotate_secret(
-            tenant=request.user.tenant_id, endpoint_id=endpoint_id, actor=request.user
-        )
-        return Response(EndpointWithSecretOutput(endpoint).data)
+)
+class EndpointRotateSecretApi(_EndpointMoveApi):
+    service = staticmethod(endpoint_rotate_secret)
+    answer = EndpointWithSecretOutput
 
 
-class EndpointDisableApi(APIView):
-    permission_classes = [IsTenantManager]
-
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         operation_id="webhooks_disable",
         request=DisableInput,
         responses={
@@ -210,21 +231,16 @@ class EndpointDisableApi(APIView):
             409: error_response("`webhook_disabled`."),
         },
     )
-    def post(self, request, endpoint_id: int):
-        data = validated(DisableInput, request.data or {})
-        endpoint = endpoint_disable(
-            tenant=request.user.tenant_id,
-            endpoint_id=endpoint_id,
-            actor=request.user,
-            reason=data.get("reason", ""),
-        )
-        return Response(EndpointOutput(endpoint).data)
+)
+class EndpointDisableApi(_EndpointMoveApi):
+    service = staticmethod(endpoint_disable)
+
+    def move_input(self, request) -> dict[str, Any]:
+        return {"reason": validated(DisableInput, request.data or {}).get("reason", "")}
 
 
-class EndpointEnableApi(APIView):
-    permission_classes = [IsTenantManager]
-
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         operation_id="webhooks_enable",
         request=None,
         responses={
@@ -233,11 +249,9 @@ class EndpointEnableApi(APIView):
             409: error_response("`webhook_active`, `endpoint_limit_reached`."),
         },
     )
-    def post(self, request, endpoint_id: int):
-        endpoint = endpoint_enable(
-            tenant=request.user.tenant_id, endpoint_id=endpoint_id, actor=request.user
-        )
-        return Response(EndpointOutput(endpoint).data)
+)
+class EndpointEnableApi(_EndpointMoveApi):
+    service = staticmethod(endpoint_enable)
 
 
 class EndpointDeliveriesApi(GenericAPIView):
