@@ -29,7 +29,7 @@ from automation.services import (
     worker_seen,
 )
 from common.api import NeverDeleted, validated
-from common.schema import error_response, refused_delete
+from common.schema import error_response, move_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
 CREDENTIAL_HELP = "The worker's credential. Shown this once: only its hash is kept."
@@ -263,13 +263,10 @@ class AutomationDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
 class AutomationDeactivateApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @extend_schema(
+    @move_schema(
+        AutomationSerializer,
+        conflicts="`automation_inactive`: already deactivated.",
         operation_id="automations_deactivate",
-        request=None,
-        responses={
-            200: AutomationSerializer,
-            409: error_response("`automation_inactive`: already deactivated."),
-        },
     )
     def post(self, request, automation_id: int):
         automation = automation_deactivate(automation_id=automation_id, actor=request.user)
@@ -279,13 +276,10 @@ class AutomationDeactivateApi(APIView):
 class WorkerRotateCredentialApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @extend_schema(
+    @move_schema(
+        WorkerWithCredentialSerializer,
+        conflicts="`automation_inactive` or `worker_inactive`: a retired worker.",
         operation_id="automations_worker_rotate_credential",
-        request=None,
-        responses={
-            200: WorkerWithCredentialSerializer,
-            409: error_response("`automation_inactive` or `worker_inactive`: a retired worker."),
-        },
     )
     def post(self, request, automation_id: int):
         rotated = worker_rotate_credential(automation_id=automation_id, actor=request.user)

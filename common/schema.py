@@ -50,6 +50,28 @@ def refused_delete(*, operation_id: str, description: str):
     return delete
 
 
+def move_schema(
+    answer: Any,
+    *,
+    conflicts: str | OpenApiResponse,
+    not_found: OpenApiResponse | None = None,
+    invalid: str | None = None,
+    request: Any = None,
+    **documented: Any,
+):
+    """``extend_schema`` for a POST that moves one object (deactivate, pause, enable...):
+    no body unless ``request`` is given, the object back as ``answer``, and the refusals
+    that only the service knows of: the 409 ``conflicts``, and where the view declares
+    them, a 404 and a 400. ``documented`` is the rest (``operation_id``, ``summary``...)."""
+    responses: dict[int, Any] = {200: answer}
+    if invalid is not None:
+        responses[400] = error_response(invalid)
+    if not_found is not None:
+        responses[404] = not_found
+    responses[409] = error_response(conflicts) if isinstance(conflicts, str) else conflicts
+    return extend_schema(request=request, responses=responses, **documented)
+
+
 # What each automatic error answer says when the view declared nothing more precise.
 ERROR_DESCRIPTIONS = {
     "400": "`invalid` (details: field -> messages) or `malformed_request` (not JSON).",

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.schema import error_response, refused_delete
+from common.schema import error_response, move_schema, refused_delete
 from identity.permissions import IsTenantManager, ReadForMembersWriteForManagers
 from schedule.models import Misfire, Schedule
 from schedule.selectors import schedule_get, schedule_list
@@ -39,6 +39,8 @@ MISFIRE_HELP = (
     "Runs missed by more than the grace (the hub was down): `run_once` starts only the "
     "latest of them, late, when no run within the grace starts; `skip` drops them."
 )
+
+_NOT_FOUND = error_response("`schedule_not_found`.")
 
 
 @extend_schema_field({"type": "object", "additionalProperties": True})
@@ -187,7 +189,7 @@ class ScheduleDetailApi(ReadForMembersWriteForManagers, NeverDeleted, APIView):
     @extend_schema(
         operation_id="schedules_read",
         summary="One of the tenant's schedules",
-        responses={200: ScheduleSerializer, 404: error_response("`schedule_not_found`.")},
+        responses={200: ScheduleSerializer, 404: _NOT_FOUND},
     )
     def get(self, request, schedule_id: int):
         schedule = schedule_get(tenant_id=request.user.tenant_id, schedule_id=schedule_id)
@@ -204,7 +206,7 @@ class ScheduleDetailApi(ReadForMembersWriteForManagers, NeverDeleted, APIView):
                 "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
                 "`invalid_params`, `params_too_large`."
             ),
-            404: error_response("`schedule_not_found`."),
+            404: _NOT_FOUND,
             409: error_response("`schedule_inactive`, `automation_misconfigured`."),
         },
     )
@@ -235,16 +237,13 @@ class _ScheduleMoveApi(APIView):
 
 
 @extend_schema_view(
-    post=extend_schema(
+    post=move_schema(
+        ScheduleSerializer,
+        not_found=_NOT_FOUND,
+        conflicts="`schedule_inactive`.",
         operation_id="schedules_pause",
         summary="Pause a schedule (managers)",
         description="No run starts until it is resumed. Pausing a paused schedule changes nothing.",
-        request=None,
-        responses={
-            200: ScheduleSerializer,
-            404: error_response("`schedule_not_found`."),
-            409: error_response("`schedule_inactive`."),
-        },
     )
 )
 class SchedulePauseApi(_ScheduleMoveApi):
@@ -252,7 +251,14 @@ class SchedulePauseApi(_ScheduleMoveApi):
 
 
 @extend_schema_view(
-    post=extend_schema(
+    post=move_schema(
+        ScheduleSerializer,
+        invalid=(
+            "`invalid_params`, `params_too_large`, `invalid_cron` (the calendar has no "
+            "due time left)."
+        ),
+        not_found=_NOT_FOUND,
+        conflicts="`schedule_inactive`, `automation_inactive`, `automation_misconfigured`.",
         operation_id="schedules_resume",
         summary="Resume a paused schedule (managers)",
         description=(
@@ -260,18 +266,6 @@ class SchedulePauseApi(_ScheduleMoveApi):
             "paused are not caught up. Params the automation's schema no longer accepts are "
             "refused: change them first."
         ),
-        request=None,
-        responses={
-            200: ScheduleSerializer,
-            400: error_response(
-                "`invalid_params`, `params_too_large`, `invalid_cron` (the calendar has no "
-                "due time left)."
-            ),
-            404: error_response("`schedule_not_found`."),
-            409: error_response(
-                "`schedule_inactive`, `automation_inactive`, `automation_misconfigured`."
-            ),
-        },
     )
 )
 class ScheduleResumeApi(_ScheduleMoveApi):
@@ -279,15 +273,12 @@ class ScheduleResumeApi(_ScheduleMoveApi):
 
 
 @extend_schema_view(
-    post=extend_schema(
+    post=move_schema(
+        ScheduleSerializer,
+        not_found=_NOT_FOUND,
+        conflicts="`schedule_inactive`: already deactivated.",
         operation_id="schedules_deactivate",
         summary="Deactivate a schedule for good (managers)",
-        request=None,
-        responses={
-            200: ScheduleSerializer,
-            404: error_response("`schedule_not_found`."),
-            409: error_response("`schedule_inactive`: already deactivated."),
-        },
     )
 )
 class ScheduleDeactivateApi(_ScheduleMoveApi):

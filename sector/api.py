@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.schema import error_response, refused_delete
+from common.schema import error_response, move_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins
 from sector.models import Sector
 from sector.selectors import sector_for_caller, sector_list
@@ -120,13 +120,10 @@ class SectorDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
 class SectorDeactivateApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @extend_schema(
+    @move_schema(
+        SectorSerializer,
+        conflicts="`sector_in_use` or `sector_inactive`.",
         operation_id="sectors_deactivate",
-        request=None,
-        responses={
-            200: SectorSerializer,
-            409: error_response("`sector_in_use` or `sector_inactive`."),
-        },
     )
     def post(self, request, sector_id: int):
         sector = sector_deactivate(sector_id=sector_id, actor=request.user)

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, NewestFirstCursorPagination, validated
-from common.schema import error_response, refused_delete
+from common.schema import error_response, move_schema, refused_delete
 from identity.permissions import IsTenantManager
 from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import WebhookEndpoint
@@ -202,18 +202,15 @@ class _EndpointMoveApi(APIView):
 
 
 @extend_schema_view(
-    post=extend_schema(
+    post=move_schema(
+        EndpointWithSecretOutput,
+        not_found=_NOT_FOUND,
+        conflicts="`webhook_disabled`.",
         operation_id="webhooks_rotate_secret",
         description=(
             "A new signing secret, shown in this answer only. The old one keeps signing "
             "too (a second signature in `webhook-signature`) for WEBHOOK_SECRET_GRACE_SECONDS."
         ),
-        request=None,
-        responses={
-            200: EndpointWithSecretOutput,
-            404: _NOT_FOUND,
-            409: error_response("`webhook_disabled`."),
-        },
     )
 )
 class EndpointRotateSecretApi(_EndpointMoveApi):
@@ -222,14 +219,12 @@ class EndpointRotateSecretApi(_EndpointMoveApi):
 
 
 @extend_schema_view(
-    post=extend_schema(
-        operation_id="webhooks_disable",
+    post=move_schema(
+        EndpointOutput,
         request=DisableInput,
-        responses={
-            200: EndpointOutput,
-            404: _NOT_FOUND,
-            409: error_response("`webhook_disabled`."),
-        },
+        not_found=_NOT_FOUND,
+        conflicts="`webhook_disabled`.",
+        operation_id="webhooks_disable",
     )
 )
 class EndpointDisableApi(_EndpointMoveApi):
@@ -240,14 +235,11 @@ class EndpointDisableApi(_EndpointMoveApi):
 
 
 @extend_schema_view(
-    post=extend_schema(
+    post=move_schema(
+        EndpointOutput,
+        not_found=_NOT_FOUND,
+        conflicts="`webhook_active`, `endpoint_limit_reached`.",
         operation_id="webhooks_enable",
-        request=None,
-        responses={
-            200: EndpointOutput,
-            404: _NOT_FOUND,
-            409: error_response("`webhook_active`, `endpoint_limit_reached`."),
-        },
     )
 )
 class EndpointEnableApi(_EndpointMoveApi):

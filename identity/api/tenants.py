@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import DefaultPagination, NeverDeleted, validated
-from common.schema import error_response
+from common.schema import error_response, move_schema
 from identity import selectors, services
 from identity.api.common import paginated, query
 from identity.api.serializers import (
@@ -77,9 +77,10 @@ class TenantDetailApi(NeverDeleted, APIView):
 class TenantDeactivateApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @extend_schema(
-        request=None,
-        responses={200: TenantSerializer, 404: NOT_FOUND, 409: CONFLICT},
+    @move_schema(
+        TenantSerializer,
+        not_found=NOT_FOUND,
+        conflicts=CONFLICT,
         summary="Deactivate a tenant: its users can no longer log in",
     )
     def post(self, request, tenant_id: int):

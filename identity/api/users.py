@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import DefaultPagination, NeverDeleted, validated
-from common.schema import error_response
+from common.schema import error_response, move_schema
 from identity import selectors, services
 from identity.api.common import paginated, query
 from identity.api.serializers import (
@@ -96,13 +96,10 @@ class UserDetailApi(NeverDeleted, APIView):
 class UserDeactivateApi(APIView):
     permission_classes = MANAGERS
 
-    @extend_schema(
-        request=None,
-        responses={
-            200: UserSerializer,
-            404: NOT_FOUND,
-            409: error_response("Already deactivated, or the caller themselves."),
-        },
+    @move_schema(
+        UserSerializer,
+        not_found=NOT_FOUND,
+        conflicts="Already deactivated, or the caller themselves.",
         summary="Deactivate a user: ends their sessions and blocks login",
     )
     def post(self, request, user_id: int):
