@@ -18,7 +18,7 @@ from automation.permissions import IsWorker
 from automation.services import worker_seen
 from common.api import validated
 from common.errors import Conflict
-from common.schema import error_response
+from common.schema import error_response, move_schema
 from job.api.serializers import (
     ClaimedJobOutput,
     CompleteInput,
@@ -66,7 +66,10 @@ class WorkerJobPollApi(WorkerApi):
 
 
 class JobStartApi(WorkerApi):
-    @extend_schema(
+    @move_schema(
+        ClaimedJobOutput,
+        not_found=_NOT_FOUND,
+        conflicts="An expected refusal: `already_claimed`, `concurrency_limit` or `not_pending`.",
         operation_id="jobs_start",
         summary="Claim a pending job",
         description=(
@@ -74,14 +77,6 @@ class JobStartApi(WorkerApi):
             "its limit. The answer carries the claim token to heartbeat and report with and "
             "the lease's expiry: heartbeat well before it (every third of the lease)."
         ),
-        request=None,
-        responses={
-            200: ClaimedJobOutput,
-            404: _NOT_FOUND,
-            409: error_response(
-                ("An expected refusal: `already_claimed`, `concurrency_limit` or `not_pending`."),
-            ),
-        },
     )
     def post(self, request, job_id: int):
         job = job_claim(worker=request.user, job_id=job_id)
@@ -114,12 +109,14 @@ class _JobReportApi(WorkerApi):
 
 
 @extend_schema_view(
-    post=extend_schema(
+    post=move_schema(
+        HeartbeatOutput,
+        request=HeartbeatInput,
+        not_found=_NOT_FOUND,
+        conflicts=_REPORT_CONFLICTS,
         operation_id="jobs_heartbeat",
         summary="Extend the claim's lease",
         description="The answer's `cancel_requested` tells the worker to stop and report.",
-        request=HeartbeatInput,
-        responses={200: HeartbeatOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
 )
 class JobHeartbeatApi(_JobReportApi):
@@ -129,7 +126,11 @@ class JobHeartbeatApi(_JobReportApi):
 
 
 @extend_schema_view(
-    post=extend_schema(
+    post=move_schema(
+        ClaimedJobOutput,
+        request=CompleteInput,
+        not_found=_NOT_FOUND,
+        conflicts=_REPORT_CONFLICTS,
         operation_id="jobs_complete",
         summary="Report success",
         description=(
@@ -137,8 +138,6 @@ class JobHeartbeatApi(_JobReportApi):
             "`exit_code` and the end of its output (`output_tail`). Repeating the same "
             "report returns the job unchanged."
         ),
-        request=CompleteInput,
-        responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
 )
 class JobCompleteApi(_JobReportApi):
@@ -150,15 +149,17 @@ class JobCompleteApi(_JobReportApi):
 
 
 @extend_schema_view(
-    post=extend_schema(
+    post=move_schema(
+        ClaimedJobOutput,
+        request=FailInput,
+        not_found=_NOT_FOUND,
+        conflicts=_REPORT_CONFLICTS,
         operation_id="jobs_fail",
         summary="Report failure",
         description=(
             "Ends the job `failed`, or `canceled` when a cancellation was requested. "
             "Repeating the same report returns the job unchanged."
         ),
-        request=FailInput,
-        responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
 )
 class JobFailApi(_JobReportApi):
