@@ -29,7 +29,7 @@ from automation.services import (
     worker_seen,
 )
 from common.api import NeverDeleted, validated
-from common.schema import error_response, move_schema, refused_delete
+from common.schema import create_schema, error_response, move_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
 CREDENTIAL_HELP = "The worker's credential. Shown this once: only its hash is kept."
@@ -203,13 +203,11 @@ class AutomationListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView)
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "with_worker": is_platform_admin(self.request)}
 
-    @extend_schema(
-        operation_id="automations_create",
+    @create_schema(
+        AutomationCreatedSerializer,
         request=AutomationCreateSerializer,
-        responses={
-            201: AutomationCreatedSerializer,
-            409: error_response("`automation_slug_taken`."),
-        },
+        conflicts="`automation_slug_taken`.",
+        operation_id="automations_create",
     )
     def post(self, request):
         data = validated(AutomationCreateSerializer, request.data)

@@ -63,13 +63,39 @@ def move_schema(
     no body unless ``request`` is given, the object back as ``answer``, and the refusals
     that only the service knows of: the 409 ``conflicts``, and where the view declares
     them, a 404 and a 400. ``documented`` is the rest (``operation_id``, ``summary``...)."""
-    responses: dict[int, Any] = {200: answer}
+    responses = _refusals(invalid=invalid, not_found=not_found, conflicts=conflicts)
+    return extend_schema(request=request, responses={200: answer, **responses}, **documented)
+
+
+def create_schema(
+    answer: Any,
+    *,
+    request: Any,
+    conflicts: str | OpenApiResponse,
+    not_found: OpenApiResponse | None = None,
+    invalid: str | None = None,
+    **documented: Any,
+):
+    """``extend_schema`` for a POST that creates one object from ``request``: the new
+    object back (201) as ``answer``, and the refusals only the service knows of, as for
+    ``move_schema``."""
+    responses = _refusals(invalid=invalid, not_found=not_found, conflicts=conflicts)
+    return extend_schema(request=request, responses={201: answer, **responses}, **documented)
+
+
+def _refusals(
+    *,
+    invalid: str | None,
+    not_found: OpenApiResponse | None,
+    conflicts: str | OpenApiResponse,
+) -> dict[int, OpenApiResponse]:
+    responses: dict[int, OpenApiResponse] = {}
     if invalid is not None:
         responses[400] = error_response(invalid)
     if not_found is not None:
         responses[404] = not_found
     responses[409] = error_response(conflicts) if isinstance(conflicts, str) else conflicts
-    return extend_schema(request=request, responses=responses, **documented)
+    return responses
 
 
 # What each automatic error answer says when the view declared nothing more precise.

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.schema import error_response, move_schema, refused_delete
+from common.schema import create_schema, error_response, move_schema, refused_delete
 from identity.permissions import IsTenantManager, ReadForMembersWriteForManagers
 from schedule.models import Misfire, Schedule
 from schedule.selectors import schedule_get, schedule_list
@@ -150,21 +150,19 @@ class ScheduleListCreateApi(ReadForMembersWriteForManagers, generics.ListAPIView
             automation_id=filters["automation"],
         )
 
-    @extend_schema(
+    @create_schema(
+        ScheduleSerializer,
+        request=ScheduleCreateSerializer,
+        invalid=(
+            "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
+            "`unknown_automation`, `invalid_params`, `params_too_large`."
+        ),
+        conflicts=(
+            "`automation_inactive`, `automation_misconfigured`, `schedule_limit_reached` "
+            "(the tenant has `SCHEDULE_MAX_PER_TENANT` schedules; `details.limit`)."
+        ),
         operation_id="schedules_create",
         summary="Create a schedule (managers)",
-        request=ScheduleCreateSerializer,
-        responses={
-            201: ScheduleSerializer,
-            400: error_response(
-                "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
-                "`unknown_automation`, `invalid_params`, `params_too_large`."
-            ),
-            409: error_response(
-                "`automation_inactive`, `automation_misconfigured`, `schedule_limit_reached` "
-                "(the tenant has `SCHEDULE_MAX_PER_TENANT` schedules; `details.limit`)."
-            ),
-        },
     )
     def post(self, request):
         data = validated(ScheduleCreateSerializer, request.data)

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.schema import error_response, move_schema, refused_delete
+from common.schema import create_schema, error_response, move_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins
 from sector.models import Sector
 from sector.selectors import sector_for_caller, sector_list
@@ -74,13 +74,11 @@ class SectorListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView):
         filters = validated(SectorFilterSerializer, self.request.query_params)
         return sector_list(caller=self.request.user, **filters)
 
-    @extend_schema(
-        operation_id="sectors_create",
+    @create_schema(
+        SectorSerializer,
         request=SectorCreateSerializer,
-        responses={
-            201: SectorSerializer,
-            409: error_response("`sector_name_taken` or `sector_slug_taken`."),
-        },
+        conflicts="`sector_name_taken` or `sector_slug_taken`.",
+        operation_id="sectors_create",
     )
     def post(self, request):
         data = validated(SectorCreateSerializer, request.data)

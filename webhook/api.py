@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, NewestFirstCursorPagination, validated
-from common.schema import error_response, move_schema, refused_delete
+from common.schema import create_schema, error_response, move_schema, refused_delete
 from identity.permissions import IsTenantManager
 from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import WebhookEndpoint
@@ -119,20 +119,18 @@ class EndpointsApi(GenericAPIView):
         page = self.paginate_queryset(endpoints)
         return self.get_paginated_response(EndpointOutput(page, many=True).data)
 
-    @extend_schema(
-        operation_id="webhooks_create",
+    @create_schema(
+        EndpointWithSecretOutput,
         request=EndpointCreateInput,
-        responses={
-            201: EndpointWithSecretOutput,
-            400: error_response(
-                "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
-                "`webhook_event_type_not_allowed`."
-            ),
-            409: error_response(
-                "`endpoint_limit_reached` (the tenant has WEBHOOK_MAX_ENDPOINTS_PER_TENANT "
-                "active endpoints; `details.limit`)."
-            ),
-        },
+        invalid=(
+            "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
+            "`webhook_event_type_not_allowed`."
+        ),
+        conflicts=(
+            "`endpoint_limit_reached` (the tenant has WEBHOOK_MAX_ENDPOINTS_PER_TENANT "
+            "active endpoints; `details.limit`)."
+        ),
+        operation_id="webhooks_create",
     )
     def post(self, request):
         data = validated(EndpointCreateInput, request.data)

@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import DefaultPagination, NeverDeleted, validated
-from common.schema import error_response, move_schema
+from common.schema import create_schema, error_response, move_schema
 from identity import selectors, services
 from identity.api.common import paginated, query
 from identity.api.serializers import (
@@ -38,12 +38,10 @@ class TenantCollectionApi(NeverDeleted, APIView):
         filters = query(TenantListQuerySerializer, request)
         return paginated(self, selectors.tenant_list(**filters), TenantSerializer)
 
-    @extend_schema(
+    @create_schema(
+        TenantSerializer,
         request=TenantCreateSerializer,
-        responses={
-            201: TenantSerializer,
-            409: error_response("The slug is taken."),
-        },
+        conflicts="The slug is taken.",
         summary="Create a tenant",
     )
     def post(self, request):

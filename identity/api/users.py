@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import DefaultPagination, NeverDeleted, validated
-from common.schema import error_response, move_schema
+from common.schema import create_schema, error_response, move_schema
 from identity import selectors, services
 from identity.api.common import paginated, query
 from identity.api.serializers import (
@@ -48,13 +48,11 @@ class UserCollectionApi(NeverDeleted, APIView):
         )
         return paginated(self, users, UserSerializer)
 
-    @extend_schema(
+    @create_schema(
+        UserSerializer,
         request=UserRegisterSerializer,
-        responses={
-            201: UserSerializer,
-            404: error_response("No such tenant."),
-            409: error_response("The email is taken or the tenant is deactivated."),
-        },
+        not_found=error_response("No such tenant."),
+        conflicts="The email is taken or the tenant is deactivated.",
         summary="Register a user in a tenant",
     )
     def post(self, request):
