@@ -6,10 +6,9 @@ import hashlib
 import hmac
 import secrets
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 
-from identity.authentication import BearerAuthentication
+from identity.authentication import BearerAuthentication, BearerScheme
 
 CREDENTIAL_PREFIX = "hdw_"
 
@@ -49,13 +48,7 @@ class WorkerAuthentication(BearerAuthentication):
         return worker, None
 
 
-class WorkerCredentialScheme(OpenApiAuthenticationExtension):
+class WorkerCredentialScheme(BearerScheme):
     target_class = "automation.authentication.WorkerAuthentication"
     name = "workerCredential"
-
-    def get_security_definition(self, auto_schema):
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "An automation worker's own credential (shown once when created).",
-        }
+    description = "An automation worker's own credential (shown once when created)."

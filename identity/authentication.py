@@ -74,14 +74,21 @@ def bearer_token(request) -> str | None:
         ) from None
 
 
-class AccessTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "identity.authentication.AccessTokenAuthentication"
-    name = "accessToken"
+class BearerScheme(OpenApiAuthenticationExtension):
+    """How the schema shows a ``BearerAuthentication``: its ``description`` and, where
+    the credential has one, its ``bearer_format``. (No ``target_class``: it documents
+    nothing itself.)"""
+
+    description: str
+    bearer_format: str | None = None
 
     def get_security_definition(self, auto_schema):
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "bearerFormat": "JWT",
-            "description": "A short-lived access token from POST /api/v1/auth/login.",
-        }
+        format_ = {"bearerFormat": self.bearer_format} if self.bearer_format else {}
+        return {"type": "http", "scheme": "bearer", **format_, "description": self.description}
+
+
+class AccessTokenScheme(BearerScheme):
+    target_class = "identity.authentication.AccessTokenAuthentication"
+    name = "accessToken"
+    bearer_format = "JWT"
+    description = "A short-lived access token from POST /api/v1/auth/login."
