@@ -45,6 +45,16 @@ def save_or_refuse(
         raise refusal from None
 
 
+class Timestamped(models.Model):
+    """When the row was created and when it was last saved."""
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+
+
 class Deactivatable(models.Model):
     """A row that is deactivated, never deleted: the rows pointing at it keep their meaning.
 
