@@ -29,7 +29,7 @@ from automation.services import (
     worker_seen,
 )
 from common.api import NeverDeleted, validated
-from common.schema import create_schema, error_response, move_schema, refused_delete
+from common.schema import change_schema, create_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
 CREDENTIAL_HELP = "The worker's credential. Shown this once: only its hash is kept."
@@ -232,16 +232,13 @@ class AutomationDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
         automation = automation_for_caller(caller=request.user, automation_id=automation_id)
         return Response(represent(request, automation))
 
-    @extend_schema(
-        operation_id="automations_update",
+    @change_schema(
+        AutomationSerializer,
         request=AutomationUpdateSerializer,
-        responses={
-            200: AutomationSerializer,
-            409: error_response(
-                "`automation_inactive` (retired automations are read-only) or "
-                "`automation_slug_taken`."
-            ),
-        },
+        conflicts=(
+            "`automation_inactive` (retired automations are read-only) or `automation_slug_taken`."
+        ),
+        operation_id="automations_update",
     )
     def patch(self, request, automation_id: int):
         data = validated(AutomationUpdateSerializer, request.data)
@@ -261,7 +258,7 @@ class AutomationDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
 class AutomationDeactivateApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @move_schema(
+    @change_schema(
         AutomationSerializer,
         conflicts="`automation_inactive`: already deactivated.",
         operation_id="automations_deactivate",
@@ -274,7 +271,7 @@ class AutomationDeactivateApi(APIView):
 class WorkerRotateCredentialApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @move_schema(
+    @change_schema(
         WorkerWithCredentialSerializer,
         conflicts="`automation_inactive` or `worker_inactive`: a retired worker.",
         operation_id="automations_worker_rotate_credential",

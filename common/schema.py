@@ -50,19 +50,20 @@ def refused_delete(*, operation_id: str, description: str):
     return delete
 
 
-def move_schema(
+def change_schema(
     answer: Any,
     *,
-    conflicts: str | OpenApiResponse,
-    not_found: OpenApiResponse | None = None,
-    invalid: str | None = None,
     request: Any = None,
+    invalid: str | None = None,
+    not_found: OpenApiResponse | None = None,
+    conflicts: str | OpenApiResponse | None = None,
     **documented: Any,
 ):
-    """``extend_schema`` for a POST that moves one object (deactivate, pause, enable...):
-    no body unless ``request`` is given, the object back as ``answer``, and the refusals
-    that only the service knows of: the 409 ``conflicts``, and where the view declares
-    them, a 404 and a 400. ``documented`` is the rest (``operation_id``, ``summary``...)."""
+    """``extend_schema`` for an operation that changes one object: a PATCH, or a POST that
+    moves it (deactivate, pause, enable...). No body unless ``request`` is given, the object
+    back as ``answer``, and the refusals that only the service knows of, where the view
+    declares them: a 400 ``invalid``, a 404 ``not_found``, a 409 ``conflicts``.
+    ``documented`` is the rest (``operation_id``, ``summary``...)."""
     responses = _refusals(invalid=invalid, not_found=not_found, conflicts=conflicts)
     return extend_schema(request=request, responses={200: answer, **responses}, **documented)
 
@@ -78,7 +79,7 @@ def create_schema(
 ):
     """``extend_schema`` for a POST that creates one object from ``request``: the new
     object back (201) as ``answer``, and the refusals only the service knows of, as for
-    ``move_schema``."""
+    ``change_schema``."""
     responses = _refusals(invalid=invalid, not_found=not_found, conflicts=conflicts)
     return extend_schema(request=request, responses={201: answer, **responses}, **documented)
 
@@ -87,14 +88,15 @@ def _refusals(
     *,
     invalid: str | None,
     not_found: OpenApiResponse | None,
-    conflicts: str | OpenApiResponse,
+    conflicts: str | OpenApiResponse | None,
 ) -> dict[int, OpenApiResponse]:
     responses: dict[int, OpenApiResponse] = {}
     if invalid is not None:
         responses[400] = error_response(invalid)
     if not_found is not None:
         responses[404] = not_found
-    responses[409] = error_response(conflicts) if isinstance(conflicts, str) else conflicts
+    if conflicts is not None:
+        responses[409] = error_response(conflicts) if isinstance(conflicts, str) else conflicts
     return responses
 
 

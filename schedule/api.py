@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.schema import create_schema, error_response, move_schema, refused_delete
+from common.schema import change_schema, create_schema, error_response, refused_delete
 from identity.permissions import IsTenantManager, ReadForMembersWriteForManagers
 from schedule.models import Misfire, Schedule
 from schedule.selectors import schedule_get, schedule_list
@@ -193,20 +193,18 @@ class ScheduleDetailApi(ReadForMembersWriteForManagers, NeverDeleted, APIView):
         schedule = schedule_get(tenant_id=request.user.tenant_id, schedule_id=schedule_id)
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(
+    @change_schema(
+        ScheduleSerializer,
+        request=ScheduleUpdateSerializer,
+        invalid=(
+            "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
+            "`invalid_params`, `params_too_large`."
+        ),
+        not_found=_NOT_FOUND,
+        conflicts="`schedule_inactive`, `automation_misconfigured`.",
         operation_id="schedules_update",
         summary="Change a schedule (managers)",
         description="A new cron expression or time zone takes effect from now.",
-        request=ScheduleUpdateSerializer,
-        responses={
-            200: ScheduleSerializer,
-            400: error_response(
-                "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
-                "`invalid_params`, `params_too_large`."
-            ),
-            404: _NOT_FOUND,
-            409: error_response("`schedule_inactive`, `automation_misconfigured`."),
-        },
     )
     def patch(self, request, schedule_id: int):
         data = validated(ScheduleUpdateSerializer, request.data)
@@ -235,7 +233,7 @@ class _ScheduleMoveApi(APIView):
 
 
 @extend_schema_view(
-    post=move_schema(
+    post=change_schema(
         ScheduleSerializer,
         not_found=_NOT_FOUND,
         conflicts="`schedule_inactive`.",
@@ -249,7 +247,7 @@ class SchedulePauseApi(_ScheduleMoveApi):
 
 
 @extend_schema_view(
-    post=move_schema(
+    post=change_schema(
         ScheduleSerializer,
         invalid=(
             "`invalid_params`, `params_too_large`, `invalid_cron` (the calendar has no "
@@ -271,7 +269,7 @@ class ScheduleResumeApi(_ScheduleMoveApi):
 
 
 @extend_schema_view(
-    post=move_schema(
+    post=change_schema(
         ScheduleSerializer,
         not_found=_NOT_FOUND,
         conflicts="`schedule_inactive`: already deactivated.",

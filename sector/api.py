@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.schema import create_schema, error_response, move_schema, refused_delete
+from common.schema import change_schema, create_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins
 from sector.models import Sector
 from sector.selectors import sector_for_caller, sector_list
@@ -94,16 +94,14 @@ class SectorDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
         sector = sector_for_caller(caller=request.user, sector_id=sector_id)
         return Response(SectorSerializer(sector).data)
 
-    @extend_schema(
-        operation_id="sectors_update",
+    @change_schema(
+        SectorSerializer,
         request=SectorUpdateSerializer,
-        responses={
-            200: SectorSerializer,
-            409: error_response(
-                "`sector_inactive` (retired sectors are read-only), `sector_name_taken` "
-                "or `sector_slug_taken`."
-            ),
-        },
+        conflicts=(
+            "`sector_inactive` (retired sectors are read-only), `sector_name_taken` "
+            "or `sector_slug_taken`."
+        ),
+        operation_id="sectors_update",
     )
     def patch(self, request, sector_id: int):
         data = validated(SectorUpdateSerializer, request.data)
@@ -118,7 +116,7 @@ class SectorDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
 class SectorDeactivateApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @move_schema(
+    @change_schema(
         SectorSerializer,
         conflicts="`sector_in_use` or `sector_inactive`.",
         operation_id="sectors_deactivate",

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, NewestFirstCursorPagination, validated
-from common.schema import create_schema, error_response, move_schema, refused_delete
+from common.schema import change_schema, create_schema, error_response, refused_delete
 from identity.permissions import IsTenantManager
 from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import WebhookEndpoint
@@ -151,17 +151,15 @@ class EndpointDetailApi(NeverDeleted, APIView):
         endpoint = endpoint_get(tenant=request.user.tenant_id, endpoint_id=endpoint_id)
         return Response(EndpointOutput(endpoint).data)
 
-    @extend_schema(
-        operation_id="webhooks_update",
+    @change_schema(
+        EndpointOutput,
         request=EndpointUpdateInput,
-        responses={
-            200: EndpointOutput,
-            400: error_response(
-                "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
-                "`webhook_event_type_not_allowed`."
-            ),
-            404: _NOT_FOUND,
-        },
+        invalid=(
+            "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
+            "`webhook_event_type_not_allowed`."
+        ),
+        not_found=_NOT_FOUND,
+        operation_id="webhooks_update",
     )
     def patch(self, request, endpoint_id: int):
         data = validated(EndpointUpdateInput, request.data)
@@ -200,7 +198,7 @@ class _EndpointMoveApi(APIView):
 
 
 @extend_schema_view(
-    post=move_schema(
+    post=change_schema(
         EndpointWithSecretOutput,
         not_found=_NOT_FOUND,
         conflicts="`webhook_disabled`.",
@@ -217,7 +215,7 @@ class EndpointRotateSecretApi(_EndpointMoveApi):
 
 
 @extend_schema_view(
-    post=move_schema(
+    post=change_schema(
         EndpointOutput,
         request=DisableInput,
         not_found=_NOT_FOUND,
@@ -233,7 +231,7 @@ class EndpointDisableApi(_EndpointMoveApi):
 
 
 @extend_schema_view(
-    post=move_schema(
+    post=change_schema(
         EndpointOutput,
         not_found=_NOT_FOUND,
         conflicts="`webhook_active`, `endpoint_limit_reached`.",

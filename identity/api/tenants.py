@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import DefaultPagination, NeverDeleted, validated
-from common.schema import create_schema, error_response, move_schema
+from common.schema import change_schema, create_schema, error_response
 from identity import selectors, services
 from identity.api.common import paginated, query
 from identity.api.serializers import (
@@ -59,9 +59,11 @@ class TenantDetailApi(NeverDeleted, APIView):
     def get(self, request, tenant_id: int):
         return Response(TenantSerializer(selectors.tenant_for_admin(tenant_id)).data)
 
-    @extend_schema(
+    @change_schema(
+        TenantSerializer,
         request=TenantRenameSerializer,
-        responses={200: TenantSerializer, 404: NOT_FOUND, 409: CONFLICT},
+        not_found=NOT_FOUND,
+        conflicts=CONFLICT,
         summary="Rename a tenant",
     )
     def patch(self, request, tenant_id: int):
@@ -75,7 +77,7 @@ class TenantDetailApi(NeverDeleted, APIView):
 class TenantDeactivateApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @move_schema(
+    @change_schema(
         TenantSerializer,
         not_found=NOT_FOUND,
         conflicts=CONFLICT,

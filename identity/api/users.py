@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import DefaultPagination, NeverDeleted, validated
-from common.schema import create_schema, error_response, move_schema
+from common.schema import change_schema, create_schema, error_response
 from identity import selectors, services
 from identity.api.common import paginated, query
 from identity.api.serializers import (
@@ -74,13 +74,11 @@ class UserDetailApi(NeverDeleted, APIView):
         user = selectors.user_for_caller(caller=request.user, user_id=user_id)
         return Response(UserSerializer(user).data)
 
-    @extend_schema(
+    @change_schema(
+        UserSerializer,
         request=UserUpdateSerializer,
-        responses={
-            200: UserSerializer,
-            404: NOT_FOUND,
-            409: error_response("The user is deactivated."),
-        },
+        not_found=NOT_FOUND,
+        conflicts="The user is deactivated.",
         summary="Change a user's name or role",
     )
     def patch(self, request, user_id: int):
@@ -94,7 +92,7 @@ class UserDetailApi(NeverDeleted, APIView):
 class UserDeactivateApi(APIView):
     permission_classes = MANAGERS
 
-    @move_schema(
+    @change_schema(
         UserSerializer,
         not_found=NOT_FOUND,
         conflicts="Already deactivated, or the caller themselves.",

@@ -18,7 +18,7 @@ from automation.permissions import IsWorker
 from automation.services import worker_seen
 from common.api import validated
 from common.errors import Conflict
-from common.schema import error_response, move_schema
+from common.schema import change_schema, error_response
 from job.api.serializers import (
     ClaimedJobOutput,
     CompleteInput,
@@ -66,7 +66,7 @@ class WorkerJobPollApi(WorkerApi):
 
 
 class JobStartApi(WorkerApi):
-    @move_schema(
+    @change_schema(
         ClaimedJobOutput,
         not_found=_NOT_FOUND,
         conflicts="An expected refusal: `already_claimed`, `concurrency_limit` or `not_pending`.",
@@ -109,7 +109,7 @@ class _JobReportApi(WorkerApi):
 
 
 @extend_schema_view(
-    post=move_schema(
+    post=change_schema(
         HeartbeatOutput,
         request=HeartbeatInput,
         not_found=_NOT_FOUND,
@@ -126,7 +126,7 @@ class JobHeartbeatApi(_JobReportApi):
 
 
 @extend_schema_view(
-    post=move_schema(
+    post=change_schema(
         ClaimedJobOutput,
         request=CompleteInput,
         not_found=_NOT_FOUND,
@@ -149,7 +149,7 @@ class JobCompleteApi(_JobReportApi):
 
 
 @extend_schema_view(
-    post=move_schema(
+    post=change_schema(
         ClaimedJobOutput,
         request=FailInput,
         not_found=_NOT_FOUND,
