@@ -32,10 +32,8 @@ class DomainError(Exception):
 
 
 class InvalidInput(DomainError):
-    """Input that no retry can fix (validation)."""
+    """Input that no retry can fix (validation): a 400 ``invalid``, as any DomainError."""
 
-    status_code = 400
-    code = "invalid"
     default_message = "The input is invalid."
 
 
