@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -29,7 +29,7 @@ from automation.services import (
     worker_seen,
 )
 from common.api import NeverDeleted, validated
-from common.schema import error_response
+from common.schema import change_schema, create_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
 CREDENTIAL_HELP = "The worker's credential. Shown this once: only its hash is kept."
@@ -185,33 +185,29 @@ def represent(request, automation: Automation) -> dict[str, Any]:
     return AutomationSerializer(automation, context=context).data
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="automations_list", parameters=[AutomationFilterSerializer])
+)
 class AutomationListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView):
     serializer_class = AutomationSerializer
 
     def get_queryset(self) -> QuerySet[Automation]:
-        filters = AutomationFilterSerializer(data=self.request.query_params)
-        filters.is_valid(raise_exception=True)
+        filters = validated(AutomationFilterSerializer, self.request.query_params)
         return automation_list(
             caller=self.request.user,
-            active=filters.validated_data["active"],
-            sector_id=filters.validated_data["sector"],
-            search=filters.validated_data["search"],
+            active=filters["active"],
+            sector_id=filters["sector"],
+            search=filters["search"],
         )
 
     def get_serializer_context(self) -> dict[str, Any]:
         return {**super().get_serializer_context(), "with_worker": is_platform_admin(self.request)}
 
-    @extend_schema(operation_id="automations_list", parameters=[AutomationFilterSerializer])
-    def get(self, request, *args, **kwargs):
-        return super().get(request, *args, **kwargs)
-
-    @extend_schema(
-        operation_id="automations_create",
+    @create_schema(
+        AutomationCreatedSerializer,
         request=AutomationCreateSerializer,
-        responses={
-            201: AutomationCreatedSerializer,
-            409: error_response("`automation_slug_taken`."),
-        },
+        conflicts="`automation_slug_taken`.",
+        operation_id="automations_create",
     )
     def post(self, request):
         data = validated(AutomationCreateSerializer, request.data)
@@ -236,16 +232,13 @@ class AutomationDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
         automation = automation_for_caller(caller=request.user, automation_id=automation_id)
         return Response(represent(request, automation))
 
-    @extend_schema(
-        operation_id="automations_update",
+    @change_schema(
+        AutomationSerializer,
         request=AutomationUpdateSerializer,
-        responses={
-            200: AutomationSerializer,
-            409: error_response(
-                "`automation_inactive` (retired automations are read-only) or "
-                "`automation_slug_taken`."
-            ),
-        },
+        conflicts=(
+            "`automation_inactive` (retired automations are read-only) or `automation_slug_taken`."
+        ),
+        operation_id="automations_update",
     )
     def patch(self, request, automation_id: int):
         data = validated(AutomationUpdateSerializer, request.data)
@@ -257,25 +250,18 @@ class AutomationDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
         )
         return Response(represent(request, automation))
 
-    @extend_schema(
-        operation_id="automations_delete",
-        request=None,
-        responses={405: error_response("Always: automations are deactivated.")},
+    delete = refused_delete(
+        operation_id="automations_delete", description="Always: automations are deactivated."
     )
-    def delete(self, request, automation_id: int):
-        self.refuse_delete(automation_id=automation_id)
 
 
 class AutomationDeactivateApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @extend_schema(
+    @change_schema(
+        AutomationSerializer,
+        conflicts="`automation_inactive`: already deactivated.",
         operation_id="automations_deactivate",
-        request=None,
-        responses={
-            200: AutomationSerializer,
-            409: error_response("`automation_inactive`: already deactivated."),
-        },
     )
     def post(self, request, automation_id: int):
         automation = automation_deactivate(automation_id=automation_id, actor=request.user)
@@ -285,13 +271,10 @@ class AutomationDeactivateApi(APIView):
 class WorkerRotateCredentialApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @extend_schema(
+    @change_schema(
+        WorkerWithCredentialSerializer,
+        conflicts="`automation_inactive` or `worker_inactive`: a retired worker.",
         operation_id="automations_worker_rotate_credential",
-        request=None,
-        responses={
-            200: WorkerWithCredentialSerializer,
-            409: error_response("`automation_inactive` or `worker_inactive`: a retired worker."),
-        },
     )
     def post(self, request, automation_id: int):
         rotated = worker_rotate_credential(automation_id=automation_id, actor=request.user)

@@ -6,10 +6,9 @@ import hashlib
 import hmac
 import secrets
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework import authentication, exceptions
+from rest_framework import exceptions
 
-from identity.authentication import bearer_token
+from identity.authentication import BearerAuthentication, BearerScheme
 
 CREDENTIAL_PREFIX = "hdw_"
 
@@ -23,15 +22,12 @@ def hash_credential(credential: str) -> str:
     return hashlib.sha256(credential.encode()).hexdigest()
 
 
-class WorkerAuthentication(authentication.BaseAuthentication):
+class WorkerAuthentication(BearerAuthentication):
     """Authenticates a worker; ``request.user`` is the ``Worker``."""
 
-    keyword = "Bearer"
+    realm = "worker"
 
-    def authenticate(self, request):
-        credential = bearer_token(request)
-        if credential is None:
-            return None
+    def authenticate_credential(self, credential: str):
         if not credential.startswith(CREDENTIAL_PREFIX):
             raise exceptions.AuthenticationFailed(
                 "Invalid worker credential.", code="invalid_token"
@@ -51,17 +47,8 @@ class WorkerAuthentication(authentication.BaseAuthentication):
             )
         return worker, None
 
-    def authenticate_header(self, request) -> str:
-        return f'{self.keyword} realm="worker"'
 
-
-class WorkerCredentialScheme(OpenApiAuthenticationExtension):
+class WorkerCredentialScheme(BearerScheme):
     target_class = "automation.authentication.WorkerAuthentication"
     name = "workerCredential"
-
-    def get_security_definition(self, auto_schema):
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "An automation worker's own credential (shown once when created).",
-        }
+    description = "An automation worker's own credential (shown once when created)."

@@ -8,10 +8,10 @@ from django.db.models.lookups import Exact
 from django.utils import timezone
 
 from common.errors import Conflict
-from common.models import Deactivatable
+from common.models import Deactivatable, Timestamped
 
 
-class Automation(Deactivatable):
+class Automation(Timestamped, Deactivatable):
     """Something a tenant can run: a command executed by the automation's own worker."""
 
     id = models.BigAutoField(primary_key=True)
@@ -28,8 +28,6 @@ class Automation(Deactivatable):
     max_attempts = models.PositiveIntegerField(default=1)
     # JSON Schema the job parameters must satisfy; null accepts any JSON object.
     params_schema = models.JSONField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     # A deactivated automation is read-only: its jobs and events keep their meaning.
     inactive_message = "The automation is not active."
@@ -65,7 +63,7 @@ class Automation(Deactivatable):
         return self.name
 
 
-class Worker(models.Model):
+class Worker(Timestamped):
     """The dedicated machine of one automation, and the credential it calls the hub with."""
 
     class Provider(models.TextChoices):
@@ -92,8 +90,6 @@ class Worker(models.Model):
     credential_prefix = models.CharField(max_length=16, blank=True, default="")
     credential_rotated_at = models.DateTimeField(null=True, blank=True)
     is_active = models.BooleanField(default=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         db_table = "workers"

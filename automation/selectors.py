@@ -13,6 +13,7 @@ from django.db.models import Q, QuerySet
 
 from automation.models import Automation, Worker
 from common.errors import NotFound
+from common.queries import narrowed, searched
 
 if TYPE_CHECKING:
     from identity.models import User
@@ -66,16 +67,8 @@ def automation_list(
     search: str = "",
 ) -> QuerySet[Automation]:
     """The automations ``caller`` may see, in catalog order; ``active`` narrows them."""
-    queryset = automations_visible_to(caller)
-    if active is not None:
-        queryset = queryset.filter(is_active=active)
-    if sector_id is not None:
-        queryset = queryset.filter(sector_id=sector_id)
-    if search:
-        queryset = queryset.filter(
-            Q(name__icontains=search) | Q(slug__icontains=search) | Q(description__icontains=search)
-        )
-    return queryset
+    queryset = narrowed(automations_visible_to(caller), is_active=active, sector_id=sector_id)
+    return searched(queryset, search)
 
 
 def automation_count_active_in_sector(sector_id: int) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any, NamedTuple
 
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.text import slugify
@@ -30,6 +30,7 @@ from automation.authentication import hash_credential, new_credential
 from automation.models import Automation, Worker
 from automation.validation import automation_errors, machine_errors
 from common.errors import Conflict, InvalidInput, NotFound
+from common.models import save_or_refuse
 from outbox.services import dispatch, publish
 from sector.selectors import sector_lock_for_use
 
@@ -286,21 +287,16 @@ def _require_free_slug(slug: str, *, excluding: int | None = None) -> None:
 
 def _save(automation: Automation, **kwargs: Any) -> None:
     # Two creations racing for one slug: the unique index decides, the loser gets a 409.
-    try:
-        with transaction.atomic():
-            automation.save(**kwargs)
-    except IntegrityError as exc:
-        constraint = getattr(getattr(exc.__cause__, "diag", None), "constraint_name", "") or ""
-        if "slug" in constraint:
-            raise _slug_taken() from None
-        raise
+    save_or_refuse(automation, _refusal_for, **kwargs)
+
+
+def _refusal_for(constraint: str) -> Conflict | None:
+    return _slug_taken() if "slug" in constraint else None
 
 
 def _slug_taken() -> Conflict:
-    return Conflict(
-        "An automation already has this slug.",
-        code="automation_slug_taken",
-        details={"slug": ["An automation already has this slug."]},
+    return Conflict.over_field(
+        "slug", "An automation already has this slug.", code="automation_slug_taken"
     )
 
 

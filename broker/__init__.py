@@ -11,6 +11,7 @@ automation's worker all stand on this package.
 from __future__ import annotations
 
 from django.conf import settings
+from django.utils.module_loading import import_string
 
 from broker import topology
 from broker.base import OutgoingMessage, SendResult, Transport, TransportUnavailable
@@ -28,43 +29,39 @@ __all__ = [
 ]
 
 
-def get_transport(broker: str | None = None) -> Transport:
+# Each role's class on each broker, imported only when asked for: a hub on one broker
+# never loads the other's client library.
+_IMPLEMENTATIONS = {
+    "rabbitmq": {
+        "transport": "broker.rabbitmq.publisher.RabbitMQTransport",
+        "consumer": "broker.rabbitmq.consumer.RabbitMQConsumer",
+        "dead_letter_box": "broker.rabbitmq.dead_letters.RabbitMQDeadLetterBox",
+    },
+    "sqs": {
+        "transport": "broker.sqs.publisher.SQSTransport",
+        "consumer": "broker.sqs.consumer.SQSConsumer",
+        "dead_letter_box": "broker.sqs.dead_letters.SQSDeadLetterBox",
+    },
+}
+
+
+def _implementation(role: str, broker: str | None):
     broker = broker or settings.BROKER
-    if broker == "rabbitmq":
-        from broker.rabbitmq.publisher import RabbitMQTransport
+    if broker not in _IMPLEMENTATIONS:
+        raise ValueError(f"unknown broker {broker!r} (known: rabbitmq, sqs)")
+    return import_string(_IMPLEMENTATIONS[broker][role])()
 
-        return RabbitMQTransport()
-    if broker == "sqs":
-        from broker.sqs.publisher import SQSTransport
 
-        return SQSTransport()
-    raise ValueError(f"unknown broker {broker!r} (known: rabbitmq, sqs)")
+def get_transport(broker: str | None = None) -> Transport:
+    return _implementation("transport", broker)
 
 
 def get_consumer(broker: str | None = None) -> Consumer:
-    broker = broker or settings.BROKER
-    if broker == "rabbitmq":
-        from broker.rabbitmq.consumer import RabbitMQConsumer
-
-        return RabbitMQConsumer()
-    if broker == "sqs":
-        from broker.sqs.consumer import SQSConsumer
-
-        return SQSConsumer()
-    raise ValueError(f"unknown broker {broker!r} (known: rabbitmq, sqs)")
+    return _implementation("consumer", broker)
 
 
 def get_dead_letter_box(broker: str | None = None) -> DeadLetterBox:
-    broker = broker or settings.BROKER
-    if broker == "rabbitmq":
-        from broker.rabbitmq.dead_letters import RabbitMQDeadLetterBox
-
-        return RabbitMQDeadLetterBox()
-    if broker == "sqs":
-        from broker.sqs.dead_letters import SQSDeadLetterBox
-
-        return SQSDeadLetterBox()
-    raise ValueError(f"unknown broker {broker!r} (known: rabbitmq, sqs)")
+    return _implementation("dead_letter_box", broker)
 
 
 def ensure_automation_queue(automation_id: int) -> str:

@@ -181,7 +181,7 @@ class NeverDeleted:
     # their own: it speaks to the API's readers. For the code's readers: ``delete_hint`` is
     # formatted with the URL's arguments, so it can name the very row
     # ("... POST /api/v1/sectors/{sector_id}/deactivate instead."); a view that documents its
-    # DELETE in the schema defines ``delete`` and calls ``refuse_delete`` from it.
+    # DELETE in the schema sets ``delete = common.schema.refused_delete(...)``.
     delete_hint = "Nothing is deleted here; deactivate it instead."
 
     def refuse_delete(self, **url_kwargs: Any) -> NoReturn:

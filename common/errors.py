@@ -32,10 +32,8 @@ class DomainError(Exception):
 
 
 class InvalidInput(DomainError):
-    """Input that no retry can fix (validation)."""
+    """Input that no retry can fix (validation): a 400 ``invalid``, as any DomainError."""
 
-    status_code = 400
-    code = "invalid"
     default_message = "The input is invalid."
 
 
@@ -57,3 +55,9 @@ class Conflict(DomainError):
     status_code = 409
     code = "conflict"
     default_message = "The current state does not allow this."
+
+    @classmethod
+    def over_field(cls, field: str, message: str, *, code: str) -> Conflict:
+        """A value of one input field that another row holds (a taken slug): ``details``
+        names the field, as a validation error's would."""
+        return cls(message, code=code, details={field: [message]})

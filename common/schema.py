@@ -9,10 +9,10 @@ this class gives every declared error the error format too.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from drf_spectacular import openapi
-from drf_spectacular.utils import OpenApiResponse, extend_schema_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_serializer
 from rest_framework import permissions, serializers
 
 
@@ -33,6 +33,71 @@ class ErrorSerializer(serializers.Serializer):
 def error_response(description: str) -> OpenApiResponse:
     """A documented failure in the one error format."""
     return OpenApiResponse(ErrorSerializer, description=description)
+
+
+def refused_delete(*, operation_id: str, description: str):
+    """The ``delete`` of a ``common.api.NeverDeleted`` view that shows its 405 in the schema.
+
+    ``delete = refused_delete(operation_id="sectors_delete", description="Always: ...")``
+    """
+
+    @extend_schema(
+        operation_id=operation_id, request=None, responses={405: error_response(description)}
+    )
+    def delete(self, request, **url_kwargs: Any) -> NoReturn:
+        self.refuse_delete(**url_kwargs)
+
+    return delete
+
+
+def change_schema(
+    answer: Any,
+    *,
+    request: Any = None,
+    invalid: str | None = None,
+    not_found: OpenApiResponse | None = None,
+    conflicts: str | OpenApiResponse | None = None,
+    **documented: Any,
+):
+    """``extend_schema`` for an operation that changes one object: a PATCH, or a POST that
+    moves it (deactivate, pause, enable...). No body unless ``request`` is given, the object
+    back as ``answer``, and the refusals that only the service knows of, where the view
+    declares them: a 400 ``invalid``, a 404 ``not_found``, a 409 ``conflicts``.
+    ``documented`` is the rest (``operation_id``, ``summary``...)."""
+    responses = _refusals(invalid=invalid, not_found=not_found, conflicts=conflicts)
+    return extend_schema(request=request, responses={200: answer, **responses}, **documented)
+
+
+def create_schema(
+    answer: Any,
+    *,
+    request: Any,
+    conflicts: str | OpenApiResponse,
+    not_found: OpenApiResponse | None = None,
+    invalid: str | None = None,
+    **documented: Any,
+):
+    """``extend_schema`` for a POST that creates one object from ``request``: the new
+    object back (201) as ``answer``, and the refusals only the service knows of, as for
+    ``change_schema``."""
+    responses = _refusals(invalid=invalid, not_found=not_found, conflicts=conflicts)
+    return extend_schema(request=request, responses={201: answer, **responses}, **documented)
+
+
+def _refusals(
+    *,
+    invalid: str | None,
+    not_found: OpenApiResponse | None,
+    conflicts: str | OpenApiResponse | None,
+) -> dict[int, OpenApiResponse]:
+    responses: dict[int, OpenApiResponse] = {}
+    if invalid is not None:
+        responses[400] = error_response(invalid)
+    if not_found is not None:
+        responses[404] = not_found
+    if conflicts is not None:
+        responses[409] = error_response(conflicts) if isinstance(conflicts, str) else conflicts
+    return responses
 
 
 # What each automatic error answer says when the view declared nothing more precise.

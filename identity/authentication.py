@@ -9,13 +9,29 @@ from common.context import bind_log_ids
 from identity.tokens import InvalidAccessToken, decode_access_token, token_user_id
 
 
-class AccessTokenAuthentication(authentication.BaseAuthentication):
+class BearerAuthentication(authentication.BaseAuthentication):
+    """``Authorization: Bearer <credential>``; ``authenticate_credential`` says whose it is."""
+
     keyword = "Bearer"
+    realm: str
 
     def authenticate(self, request):
-        token = bearer_token(request)
-        if token is None:
+        credential = bearer_token(request)
+        if credential is None:
             return None
+        return self.authenticate_credential(credential)
+
+    def authenticate_credential(self, credential: str) -> tuple[object, object]:
+        raise NotImplementedError
+
+    def authenticate_header(self, request) -> str:
+        return f'{self.keyword} realm="{self.realm}"'
+
+
+class AccessTokenAuthentication(BearerAuthentication):
+    realm = "api"
+
+    def authenticate_credential(self, token: str):
         try:
             claims = decode_access_token(token)
         except InvalidAccessToken as exc:
@@ -40,9 +56,6 @@ class AccessTokenAuthentication(authentication.BaseAuthentication):
         bind_log_ids(tenant_id=user.tenant_id)
         return user, claims
 
-    def authenticate_header(self, request) -> str:
-        return f'{self.keyword} realm="api"'
-
 
 def bearer_token(request) -> str | None:
     """The token of an ``Authorization: Bearer …`` header, or None when there is none."""
@@ -61,14 +74,21 @@ def bearer_token(request) -> str | None:
         ) from None
 
 
-class AccessTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "identity.authentication.AccessTokenAuthentication"
-    name = "accessToken"
+class BearerScheme(OpenApiAuthenticationExtension):
+    """How the schema shows a ``BearerAuthentication``: its ``description`` and, where
+    the credential has one, its ``bearer_format``. (No ``target_class``: it documents
+    nothing itself.)"""
+
+    description: str
+    bearer_format: str | None = None
 
     def get_security_definition(self, auto_schema):
-        return {
-            "type": "http",
-            "scheme": "bearer",
-            "bearerFormat": "JWT",
-            "description": "A short-lived access token from POST /api/v1/auth/login.",
-        }
+        format_ = {"bearerFormat": self.bearer_format} if self.bearer_format else {}
+        return {"type": "http", "scheme": "bearer", **format_, "description": self.description}
+
+
+class AccessTokenScheme(BearerScheme):
+    target_class = "identity.authentication.AccessTokenAuthentication"
+    name = "accessToken"
+    bearer_format = "JWT"
+    description = "A short-lived access token from POST /api/v1/auth/login."

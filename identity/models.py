@@ -15,18 +15,16 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from common.models import Deactivatable
+from common.models import Deactivatable, Timestamped
 from identity.emails import normalize_email
 
 
-class Tenant(Deactivatable):
+class Tenant(Timestamped, Deactivatable):
     """An organization: owns users and jobs; its messages go to ``outbox_messages``."""
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=100, unique=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     inactive_message = "The tenant is deactivated."
     inactive_code = "tenant_inactive"
@@ -74,7 +72,7 @@ class UserManager(BaseUserManager):
         return self._create(email, password, **fields)
 
 
-class User(Deactivatable, AbstractBaseUser, PermissionsMixin):
+class User(Timestamped, Deactivatable, AbstractBaseUser, PermissionsMixin):
     """A person. Tenant users have a tenant and a role; platform admins are staff, no tenant."""
 
     class Role(models.TextChoices):
@@ -91,8 +89,6 @@ class User(Deactivatable, AbstractBaseUser, PermissionsMixin):
     )
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
     is_staff = models.BooleanField(default=False)
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     inactive_message = "A deactivated user cannot be changed."
     inactive_code = "user_inactive"

@@ -60,13 +60,29 @@ def is_platform_admin(request) -> bool:
     return IsPlatformAdmin().has_permission(request, None)
 
 
-class ReadForPeopleWriteForAdmins:
+class ReadsAndWrites:
+    # A view mixin for views whose reads (safe methods) and writes are for different callers:
+    # ``read_permission`` and ``write_permission``. No docstring: a docstring here would
+    # become the description, in the schema, of every view without one of its own.
+    read_permission: type[BasePermission]
+    write_permission: type[BasePermission]
+
+    def get_permissions(self):
+        if self.request.method in SAFE_METHODS:
+            return [self.read_permission()]
+        return [self.write_permission()]
+
+
+class ReadForPeopleWriteForAdmins(ReadsAndWrites):
     """Reads for any person, writes for platform admins."""
 
     # A view mixin (the catalog's views). Its docstring is the operations' description in
     # the schema of views without one of their own: it speaks to the API's readers.
+    read_permission = IsPerson
+    write_permission = IsPlatformAdmin
 
-    def get_permissions(self):
-        if self.request.method in SAFE_METHODS:
-            return [IsPerson()]
-        return [IsPlatformAdmin()]
+
+class ReadForMembersWriteForManagers(ReadsAndWrites):
+    # The schedules' views: reads for the tenant's members, writes for its managers.
+    read_permission = IsTenantMember
+    write_permission = IsTenantManager

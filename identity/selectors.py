@@ -12,6 +12,7 @@ from datetime import datetime
 from django.db.models import Q, QuerySet
 
 from common.errors import InvalidInput, NotFound
+from common.queries import narrowed
 from identity.emails import normalize_email
 from identity.models import Tenant, User
 
@@ -67,11 +68,7 @@ def user_list(
     search: str = "",
     tenant_id: int | None = None,
 ) -> QuerySet[User]:
-    queryset = users_visible_to(caller)
-    if tenant_id is not None:
-        queryset = queryset.filter(tenant_id=tenant_id)
-    if is_active is not None:
-        queryset = queryset.filter(is_active=is_active)
+    queryset = narrowed(users_visible_to(caller), tenant_id=tenant_id, is_active=is_active)
     if search:
         queryset = queryset.filter(
             Q(full_name__icontains=search) | Q(email__contains=normalize_email(search))

@@ -23,7 +23,8 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
 
-from common.errors import Conflict, DomainError, InvalidInput
+from common.errors import Conflict, DomainError, Forbidden, InvalidInput
+from common.models import save_or_refuse
 from identity.emails import normalize_email
 from identity.models import RefreshToken, RevokeReason, Tenant, User
 from identity.tokens import (
@@ -38,22 +39,25 @@ from outbox.services import publish
 logger = logging.getLogger("hubdommed.identity")
 
 
-class InvalidCredentials(DomainError):
+class Unauthenticated(DomainError):
+    """A credential refused at login or refresh: the caller is nobody we know (401)."""
+
     status_code = 401
+
+
+class InvalidCredentials(Unauthenticated):
     code = "invalid_credentials"
     default_message = "The email or the password is incorrect."
 
 
-class AccountInactive(DomainError):
-    status_code = 403
-    code = "account_inactive"
-    default_message = "This account is deactivated."
-
-
-class InvalidRefreshToken(DomainError):
-    status_code = 401
+class InvalidRefreshToken(Unauthenticated):
     code = "invalid_refresh_token"
     default_message = "The refresh token is not valid."
+
+
+class AccountInactive(Forbidden):
+    code = "account_inactive"
+    default_message = "This account is deactivated."
 
 
 @dataclass(frozen=True)
@@ -160,11 +164,8 @@ def user_register(
     if User.objects.filter(email=email).exists():
         raise _email_taken()
     user.set_password(password)
-    try:
-        with transaction.atomic():
-            user.save()
-    except IntegrityError:  # registered by someone else a moment ago
-        raise _email_taken() from None
+    # Registered by someone else a moment ago: the unique index has the last word.
+    save_or_refuse(user, lambda _constraint: _email_taken())
     publish(
         "UserRegistered",
         {"user_id": user.pk, "tenant_id": tenant.pk, "role": user.role},
@@ -232,10 +233,8 @@ def user_set_password(*, user: User, password: str) -> User:
 
 
 def _email_taken() -> Conflict:
-    return Conflict(
-        "A user with this email already exists.",
-        code="email_taken",
-        details={"email": ["A user with this email already exists."]},
+    return Conflict.over_field(
+        "email", "A user with this email already exists.", code="email_taken"
     )
 
 

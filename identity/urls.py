@@ -1,5 +1,6 @@
 from django.urls import path
 
+from common.urls import member_actions
 from identity.api import auth, tenants, users
 
 urlpatterns = [
@@ -9,14 +10,10 @@ urlpatterns = [
     path("me", auth.MeApi.as_view(), name="me"),
     path("tenants", tenants.TenantCollectionApi.as_view(), name="tenant-list"),
     path("tenants/<int:tenant_id>", tenants.TenantDetailApi.as_view(), name="tenant-detail"),
-    path(
-        "tenants/<int:tenant_id>/deactivate",
-        tenants.TenantDeactivateApi.as_view(),
-        name="tenant-deactivate",
+    *member_actions(
+        "tenants/<int:tenant_id>", "tenant", {"deactivate": tenants.TenantDeactivateApi}
     ),
     path("users", users.UserCollectionApi.as_view(), name="user-list"),
     path("users/<int:user_id>", users.UserDetailApi.as_view(), name="user-detail"),
-    path(
-        "users/<int:user_id>/deactivate", users.UserDeactivateApi.as_view(), name="user-deactivate"
-    ),
+    *member_actions("users/<int:user_id>", "user", {"deactivate": users.UserDeactivateApi}),
 ]

@@ -25,6 +25,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from common.errors import Conflict
+from common.models import choices_check
 from outbox.models import jsonb_typeof_is
 
 
@@ -114,9 +115,7 @@ class Job(models.Model):
     class Meta:
         db_table = "jobs"
         constraints = [
-            models.CheckConstraint(
-                condition=Q(status__in=JobStatus.values), name="jobs_status_check"
-            ),
+            choices_check("jobs", "status", JobStatus),
             models.CheckConstraint(
                 condition=Q(failure_reason="") | Q(failure_reason__in=FailureReason.values),
                 name="jobs_failure_reason_check",
@@ -360,11 +359,7 @@ class Job(models.Model):
             return None
         if self.status == JobStatus.CANCELED:
             return None
-        raise Conflict(
-            "The job has already finished.",
-            code="already_finished",
-            details={"status": self.status},
-        )
+        raise self._already_finished()
 
     def requeue(self, *, now: datetime) -> None:
         """Put a running job whose worker was lost back in the queue for another attempt.
@@ -384,13 +379,16 @@ class Job(models.Model):
         if self.status == JobStatus.RUNNING:
             return
         if self.is_finished:
-            raise Conflict(
-                "The job has already finished.",
-                code="already_finished",
-                details={"status": self.status},
-            )
+            raise self._already_finished()
         raise Conflict(
             "The job is not running.", code="not_running", details={"status": self.status}
+        )
+
+    def _already_finished(self) -> Conflict:
+        return Conflict(
+            "The job has already finished.",
+            code="already_finished",
+            details={"status": self.status},
         )
 
     def _finish(self, now: datetime) -> None:

@@ -1,5 +1,6 @@
 from django.urls import path
 
+from common.urls import member_actions
 from job.api.people import JobCancelApi, JobDetailApi, JobsApi
 from job.api.workers import (
     JobCompleteApi,
@@ -12,10 +13,16 @@ from job.api.workers import (
 urlpatterns = [
     path("jobs", JobsApi.as_view(), name="jobs"),
     path("jobs/<int:job_id>", JobDetailApi.as_view(), name="job-detail"),
-    path("jobs/<int:job_id>/cancel", JobCancelApi.as_view(), name="job-cancel"),
-    path("jobs/<int:job_id>/start", JobStartApi.as_view(), name="job-start"),
-    path("jobs/<int:job_id>/heartbeat", JobHeartbeatApi.as_view(), name="job-heartbeat"),
-    path("jobs/<int:job_id>/complete", JobCompleteApi.as_view(), name="job-complete"),
-    path("jobs/<int:job_id>/fail", JobFailApi.as_view(), name="job-fail"),
+    *member_actions(
+        "jobs/<int:job_id>",
+        "job",
+        {
+            "cancel": JobCancelApi,
+            "start": JobStartApi,
+            "heartbeat": JobHeartbeatApi,
+            "complete": JobCompleteApi,
+            "fail": JobFailApi,
+        },
+    ),
     path("worker/jobs", WorkerJobPollApi.as_view(), name="worker-jobs"),
 ]

@@ -20,6 +20,7 @@ from django.db.models.lookups import Exact
 from django.utils import timezone
 
 from broker.topology import QUEUES
+from common.models import choices_check
 
 
 class Queue(models.TextChoices):
@@ -70,6 +71,23 @@ def _outbox_meta_constraints(table: str) -> list:
     ]
 
 
+def _outbox_meta_indexes(prefix: str) -> list:
+    return [
+        # The relay's batch query: pending rows in id order (partial, so it stays small
+        # however much history the table keeps).
+        models.Index(
+            fields=["id"],
+            include=["available_at"],
+            condition=Q(sent_at__isnull=True),
+            name=f"{prefix}_pending_idx",
+        ),
+        # maintenance.purge: sent rows by age.
+        models.Index(
+            fields=["sent_at"], condition=Q(sent_at__isnull=False), name=f"{prefix}_sent_idx"
+        ),
+    ]
+
+
 # What moves an unsent outbox row (``sent_at`` NULL) to sent, its final state.
 OUTBOX_ROW_WAY_FORWARD = (
     "available_at and the relay's sweep (the Redis wake only speeds it up): due rows are "
@@ -89,22 +107,7 @@ class OutboxMessage(BaseOutboxMessage):
     class Meta:
         db_table = "outbox_messages"
         constraints = _outbox_meta_constraints("outbox_messages")
-        indexes = [
-            # The relay's batch query: pending rows in id order (partial, so it stays small
-            # however much history the table keeps).
-            models.Index(
-                fields=["id"],
-                include=["available_at"],
-                condition=Q(sent_at__isnull=True),
-                name="outbox_messages_pending_idx",
-            ),
-            # maintenance.purge: sent rows by age.
-            models.Index(
-                fields=["sent_at"],
-                condition=Q(sent_at__isnull=False),
-                name="outbox_messages_sent_idx",
-            ),
-        ]
+        indexes = _outbox_meta_indexes("outbox_messages")
 
 
 class PlatformOutboxMessage(BaseOutboxMessage):
@@ -113,19 +116,8 @@ class PlatformOutboxMessage(BaseOutboxMessage):
     class Meta:
         db_table = "platform_outbox_messages"
         constraints = _outbox_meta_constraints("platform_outbox_messages")
-        indexes = [
-            models.Index(
-                fields=["id"],
-                include=["available_at"],
-                condition=Q(sent_at__isnull=True),
-                name="platform_outbox_pending_idx",
-            ),
-            models.Index(
-                fields=["sent_at"],
-                condition=Q(sent_at__isnull=False),
-                name="platform_outbox_sent_idx",
-            ),
-        ]
+        # "platform_outbox_...": the names the migrations gave these indexes.
+        indexes = _outbox_meta_indexes("platform_outbox")
 
 
 class TaskRunStatus(models.TextChoices):
@@ -247,9 +239,7 @@ class TaskRun(models.Model):
     class Meta:
         db_table = "task_runs"
         constraints = [
-            models.CheckConstraint(
-                condition=Q(status__in=TaskRunStatus.values), name="task_runs_status_check"
-            ),
+            choices_check("task_runs", "status", TaskRunStatus),
             models.CheckConstraint(condition=Q(queue__in=QUEUES), name="task_runs_queue_check"),
             models.CheckConstraint(
                 condition=Q(receive_count__gte=0), name="task_runs_receive_count_check"

@@ -122,6 +122,14 @@ class Lease:
     interval: float
 
 
+def _held(leases: Sequence[Lease]) -> dict[str, list]:
+    # The runs and their holders, side by side: the statements unnest them as pairs.
+    return {
+        "run_ids": [uuid.UUID(lease.run_id) for lease in leases],
+        "holders": [lease.holder for lease in leases],
+    }
+
+
 def new_holder() -> str:
     """Who holds a run: this process, and which of its claims (one per delivery)."""
     return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
@@ -205,11 +213,7 @@ class RunLedger:
         with connection.cursor() as cursor:
             cursor.execute(
                 _EXTEND,
-                {
-                    "run_ids": [uuid.UUID(lease.run_id) for lease in leases],
-                    "holders": [lease.holder for lease in leases],
-                    "seconds": [float(lease.seconds) for lease in leases],
-                },
+                {**_held(leases), "seconds": [float(lease.seconds) for lease in leases]},
             )
             return {holder for (holder,) in cursor.fetchall()}
 
@@ -220,13 +224,7 @@ class RunLedger:
         if not leases:
             return set()
         with connection.cursor() as cursor:
-            cursor.execute(
-                _SUCCEEDED_MANY,
-                {
-                    "run_ids": [uuid.UUID(lease.run_id) for lease in leases],
-                    "holders": [lease.holder for lease in leases],
-                },
-            )
+            cursor.execute(_SUCCEEDED_MANY, _held(leases))
             return {str(run_id) for (run_id,) in cursor.fetchall()}
 
     def retrying(

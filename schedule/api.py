@@ -7,15 +7,14 @@ deactivate them. Another tenant's schedule is a 404. Schedules are never deleted
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field, extend_schema_view
 from rest_framework import generics, serializers, status
-from rest_framework.permissions import SAFE_METHODS
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.schema import error_response
-from identity.permissions import IsTenantManager, IsTenantMember
+from common.schema import change_schema, create_schema, error_response, refused_delete
+from identity.permissions import IsTenantManager, ReadForMembersWriteForManagers
 from schedule.models import Misfire, Schedule
 from schedule.selectors import schedule_get, schedule_list
 from schedule.services import (
@@ -40,6 +39,8 @@ MISFIRE_HELP = (
     "Runs missed by more than the grace (the hub was down): `run_once` starts only the "
     "latest of them, late, when no run within the grace starts; `skip` drops them."
 )
+
+_NOT_FOUND = error_response("`schedule_not_found`.")
 
 
 @extend_schema_field({"type": "object", "additionalProperties": True})
@@ -131,48 +132,37 @@ class ScheduleFilterSerializer(serializers.Serializer):
     automation = serializers.IntegerField(required=False, min_value=1, default=None)
 
 
-class ReadForMembersWriteForManagers:
-    def get_permissions(self):
-        if self.request.method in SAFE_METHODS:
-            return [IsTenantMember()]
-        return [IsTenantManager()]
-
-
-class ScheduleListCreateApi(ReadForMembersWriteForManagers, generics.ListAPIView):
-    serializer_class = ScheduleSerializer
-
-    def get_queryset(self):
-        filters = ScheduleFilterSerializer(data=self.request.query_params)
-        filters.is_valid(raise_exception=True)
-        return schedule_list(
-            tenant_id=self.request.user.tenant_id,
-            active=filters.validated_data["active"],
-            automation_id=filters.validated_data["automation"],
-        )
-
-    @extend_schema(
+@extend_schema_view(
+    get=extend_schema(
         operation_id="schedules_list",
         summary="The tenant's schedules",
         parameters=[ScheduleFilterSerializer],
     )
-    def get(self, request, *args, **kwargs):
-        return super().get(request, *args, **kwargs)
+)
+class ScheduleListCreateApi(ReadForMembersWriteForManagers, generics.ListAPIView):
+    serializer_class = ScheduleSerializer
 
-    @extend_schema(
+    def get_queryset(self):
+        filters = validated(ScheduleFilterSerializer, self.request.query_params)
+        return schedule_list(
+            tenant_id=self.request.user.tenant_id,
+            active=filters["active"],
+            automation_id=filters["automation"],
+        )
+
+    @create_schema(
+        ScheduleSerializer,
+        request=ScheduleCreateSerializer,
+        invalid=(
+            "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
+            "`unknown_automation`, `invalid_params`, `params_too_large`."
+        ),
+        conflicts=(
+            "`automation_inactive`, `automation_misconfigured`, `schedule_limit_reached` "
+            "(the tenant has `SCHEDULE_MAX_PER_TENANT` schedules; `details.limit`)."
+        ),
         operation_id="schedules_create",
         summary="Create a schedule (managers)",
-        request=ScheduleCreateSerializer,
-        responses={
-            201: ScheduleSerializer,
-            400: error_response(
-                "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
-                "`unknown_automation`, `invalid_params`, `params_too_large`."
-            ),
-            409: error_response(
-                "`automation_inactive`, `automation_misconfigured`, `schedule_limit_reached` "
-                "(the tenant has `SCHEDULE_MAX_PER_TENANT` schedules; `details.limit`)."
-            ),
-        },
     )
     def post(self, request):
         data = validated(ScheduleCreateSerializer, request.data)
@@ -197,26 +187,24 @@ class ScheduleDetailApi(ReadForMembersWriteForManagers, NeverDeleted, APIView):
     @extend_schema(
         operation_id="schedules_read",
         summary="One of the tenant's schedules",
-        responses={200: ScheduleSerializer, 404: error_response("`schedule_not_found`.")},
+        responses={200: ScheduleSerializer, 404: _NOT_FOUND},
     )
     def get(self, request, schedule_id: int):
         schedule = schedule_get(tenant_id=request.user.tenant_id, schedule_id=schedule_id)
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(
+    @change_schema(
+        ScheduleSerializer,
+        request=ScheduleUpdateSerializer,
+        invalid=(
+            "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
+            "`invalid_params`, `params_too_large`."
+        ),
+        not_found=_NOT_FOUND,
+        conflicts="`schedule_inactive`, `automation_misconfigured`.",
         operation_id="schedules_update",
         summary="Change a schedule (managers)",
         description="A new cron expression or time zone takes effect from now.",
-        request=ScheduleUpdateSerializer,
-        responses={
-            200: ScheduleSerializer,
-            400: error_response(
-                "`invalid`, `invalid_cron`, `invalid_timezone`, `invalid_name`, "
-                "`invalid_params`, `params_too_large`."
-            ),
-            404: error_response("`schedule_not_found`."),
-            409: error_response("`schedule_inactive`, `automation_misconfigured`."),
-        },
     )
     def patch(self, request, schedule_id: int):
         data = validated(ScheduleUpdateSerializer, request.data)
@@ -225,13 +213,9 @@ class ScheduleDetailApi(ReadForMembersWriteForManagers, NeverDeleted, APIView):
         )
         return Response(ScheduleSerializer(schedule).data)
 
-    @extend_schema(
-        operation_id="schedules_delete",
-        request=None,
-        responses={405: error_response("Always: schedules are deactivated.")},
+    delete = refused_delete(
+        operation_id="schedules_delete", description="Always: schedules are deactivated."
     )
-    def delete(self, request, schedule_id: int):
-        self.refuse_delete(schedule_id=schedule_id)
 
 
 class _ScheduleMoveApi(APIView):
@@ -248,28 +232,29 @@ class _ScheduleMoveApi(APIView):
         return Response(ScheduleSerializer(schedule).data)
 
 
-class SchedulePauseApi(_ScheduleMoveApi):
-    service = staticmethod(schedule_pause)
-
-    @extend_schema(
+@extend_schema_view(
+    post=change_schema(
+        ScheduleSerializer,
+        not_found=_NOT_FOUND,
+        conflicts="`schedule_inactive`.",
         operation_id="schedules_pause",
         summary="Pause a schedule (managers)",
         description="No run starts until it is resumed. Pausing a paused schedule changes nothing.",
-        request=None,
-        responses={
-            200: ScheduleSerializer,
-            404: error_response("`schedule_not_found`."),
-            409: error_response("`schedule_inactive`."),
-        },
     )
-    def post(self, request, schedule_id: int):
-        return super().post(request, schedule_id)
+)
+class SchedulePauseApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_pause)
 
 
-class ScheduleResumeApi(_ScheduleMoveApi):
-    service = staticmethod(schedule_resume)
-
-    @extend_schema(
+@extend_schema_view(
+    post=change_schema(
+        ScheduleSerializer,
+        invalid=(
+            "`invalid_params`, `params_too_large`, `invalid_cron` (the calendar has no "
+            "due time left)."
+        ),
+        not_found=_NOT_FOUND,
+        conflicts="`schedule_inactive`, `automation_inactive`, `automation_misconfigured`.",
         operation_id="schedules_resume",
         summary="Resume a paused schedule (managers)",
         description=(
@@ -277,35 +262,20 @@ class ScheduleResumeApi(_ScheduleMoveApi):
             "paused are not caught up. Params the automation's schema no longer accepts are "
             "refused: change them first."
         ),
-        request=None,
-        responses={
-            200: ScheduleSerializer,
-            400: error_response(
-                "`invalid_params`, `params_too_large`, `invalid_cron` (the calendar has no "
-                "due time left)."
-            ),
-            404: error_response("`schedule_not_found`."),
-            409: error_response(
-                "`schedule_inactive`, `automation_inactive`, `automation_misconfigured`."
-            ),
-        },
     )
-    def post(self, request, schedule_id: int):
-        return super().post(request, schedule_id)
+)
+class ScheduleResumeApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_resume)
 
 
-class ScheduleDeactivateApi(_ScheduleMoveApi):
-    service = staticmethod(schedule_deactivate)
-
-    @extend_schema(
+@extend_schema_view(
+    post=change_schema(
+        ScheduleSerializer,
+        not_found=_NOT_FOUND,
+        conflicts="`schedule_inactive`: already deactivated.",
         operation_id="schedules_deactivate",
         summary="Deactivate a schedule for good (managers)",
-        request=None,
-        responses={
-            200: ScheduleSerializer,
-            404: error_response("`schedule_not_found`."),
-            409: error_response("`schedule_inactive`: already deactivated."),
-        },
     )
-    def post(self, request, schedule_id: int):
-        return super().post(request, schedule_id)
+)
+class ScheduleDeactivateApi(_ScheduleMoveApi):
+    service = staticmethod(schedule_deactivate)

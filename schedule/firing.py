@@ -39,6 +39,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.errors import DomainError
+from common.models import violated_constraint
 from job.services import job_create
 from schedule import calendar
 from schedule.models import Misfire, Schedule, ScheduleRun
@@ -219,7 +220,7 @@ def _start(schedule: Schedule, *, due_at: datetime, now: datetime, firing: Firin
             )
             ScheduleRun.objects.create(schedule=schedule, due_at=due_at, job_id=job.pk)
     except IntegrityError as exc:
-        if _constraint_of(exc) != RUN_CONSTRAINT:
+        if violated_constraint(exc) != RUN_CONSTRAINT:
             raise
         # Another firing already started this due time.
         logger.info("schedule %s: the run due %s was already started", schedule.pk, due_at)
@@ -232,11 +233,6 @@ def _start(schedule: Schedule, *, due_at: datetime, now: datetime, firing: Firin
     schedule.ran(due_at=due_at)
     firing.started.append(job.pk)
     return True
-
-
-def _constraint_of(exc: IntegrityError) -> str | None:
-    diag = getattr(exc.__cause__, "diag", None)
-    return getattr(diag, "constraint_name", None)
 
 
 def _refusal_reason(refusal: DomainError) -> str:

@@ -29,7 +29,7 @@ from django.db.models import Q
 # The module, not the field of that name below.
 from django.utils import timezone as django_timezone
 
-from common.models import Deactivatable
+from common.models import Deactivatable, choices_check
 
 
 class Misfire(models.TextChoices):
@@ -74,9 +74,7 @@ class Schedule(Deactivatable):
     class Meta:
         db_table = "schedules"
         constraints = [
-            models.CheckConstraint(
-                condition=Q(misfire__in=Misfire.values), name="schedules_misfire_check"
-            ),
+            choices_check("schedules", "misfire", Misfire),
             # The firing query relies on it: only a running schedule has a next run.
             models.CheckConstraint(
                 condition=Q(next_run_at__isnull=True) | Q(is_active=True, paused_at__isnull=True),

@@ -128,8 +128,7 @@ def schedule_update(*, tenant: Any, schedule_id: int, data: Mapping[str, Any]) -
                 # Another change of the calendar landed meanwhile: computed again (bounded).
                 next_run = first_due_after(schedule.cron, schedule.timezone, now)
             schedule.reschedule(next_run_at=next_run)
-        schedule.updated_at = now
-        schedule.save()
+        _save(schedule, now)
     return schedule
 
 
@@ -138,8 +137,7 @@ def schedule_pause(*, tenant: Any, schedule_id: int) -> Schedule:
     schedule = _locked(tenant, schedule_id)
     now = timezone.now()
     if schedule.pause(now=now, reason=PAUSED_BY_PERSON):
-        schedule.updated_at = now
-        schedule.save()
+        _save(schedule, now)
     return schedule
 
 
@@ -163,8 +161,7 @@ def schedule_resume(*, tenant: Any, schedule_id: int) -> Schedule:
         ):
             next_run = first_due_after(schedule.cron, schedule.timezone, now)
         schedule.resume(next_run_at=next_run)
-        schedule.updated_at = now
-        schedule.save()
+        _save(schedule, now)
     return schedule
 
 
@@ -173,8 +170,7 @@ def schedule_deactivate(*, tenant: Any, schedule_id: int) -> Schedule:
     schedule = _locked(tenant, schedule_id)
     now = timezone.now()
     schedule.end(now=now, reason="Deactivated by a manager.")
-    schedule.updated_at = now
-    schedule.save()
+    _save(schedule, now)
     return schedule
 
 
@@ -189,6 +185,11 @@ def first_due_after(cron: str, zone: str, now: datetime) -> datetime:
             code="invalid_cron",
             details={"cron": [f"No due time: {exc}."]},
         ) from exc
+
+
+def _save(schedule: Schedule, now: datetime) -> None:
+    schedule.updated_at = now
+    schedule.save()
 
 
 def _read(tenant: Any, schedule_id: int) -> Schedule:

@@ -1,21 +1,18 @@
 from django.urls import path
 
+from common.urls import member_actions
 from schedule import api
 
 urlpatterns = [
     path("schedules", api.ScheduleListCreateApi.as_view(), name="schedules"),
     path("schedules/<int:schedule_id>", api.ScheduleDetailApi.as_view(), name="schedule"),
-    path(
-        "schedules/<int:schedule_id>/pause", api.SchedulePauseApi.as_view(), name="schedule-pause"
-    ),
-    path(
-        "schedules/<int:schedule_id>/resume",
-        api.ScheduleResumeApi.as_view(),
-        name="schedule-resume",
-    ),
-    path(
-        "schedules/<int:schedule_id>/deactivate",
-        api.ScheduleDeactivateApi.as_view(),
-        name="schedule-deactivate",
+    *member_actions(
+        "schedules/<int:schedule_id>",
+        "schedule",
+        {
+            "pause": api.SchedulePauseApi,
+            "resume": api.ScheduleResumeApi,
+            "deactivate": api.ScheduleDeactivateApi,
+        },
     ),
 ]

@@ -8,13 +8,13 @@ to ``POST /api/v1/sectors/{id}/deactivate``.
 from __future__ import annotations
 
 from django.db.models import QuerySet
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, validated
-from common.schema import error_response
+from common.schema import change_schema, create_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins
 from sector.models import Sector
 from sector.selectors import sector_for_caller, sector_list
@@ -64,25 +64,21 @@ class SectorFilterSerializer(serializers.Serializer):
     search = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
 
 
+@extend_schema_view(
+    get=extend_schema(operation_id="sectors_list", parameters=[SectorFilterSerializer])
+)
 class SectorListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView):
     serializer_class = SectorSerializer
 
     def get_queryset(self) -> QuerySet[Sector]:
-        filters = SectorFilterSerializer(data=self.request.query_params)
-        filters.is_valid(raise_exception=True)
-        return sector_list(caller=self.request.user, **filters.validated_data)
+        filters = validated(SectorFilterSerializer, self.request.query_params)
+        return sector_list(caller=self.request.user, **filters)
 
-    @extend_schema(operation_id="sectors_list", parameters=[SectorFilterSerializer])
-    def get(self, request, *args, **kwargs):
-        return super().get(request, *args, **kwargs)
-
-    @extend_schema(
-        operation_id="sectors_create",
+    @create_schema(
+        SectorSerializer,
         request=SectorCreateSerializer,
-        responses={
-            201: SectorSerializer,
-            409: error_response("`sector_name_taken` or `sector_slug_taken`."),
-        },
+        conflicts="`sector_name_taken` or `sector_slug_taken`.",
+        operation_id="sectors_create",
     )
     def post(self, request):
         data = validated(SectorCreateSerializer, request.data)
@@ -98,41 +94,32 @@ class SectorDetailApi(ReadForPeopleWriteForAdmins, NeverDeleted, APIView):
         sector = sector_for_caller(caller=request.user, sector_id=sector_id)
         return Response(SectorSerializer(sector).data)
 
-    @extend_schema(
-        operation_id="sectors_update",
+    @change_schema(
+        SectorSerializer,
         request=SectorUpdateSerializer,
-        responses={
-            200: SectorSerializer,
-            409: error_response(
-                "`sector_inactive` (retired sectors are read-only), `sector_name_taken` "
-                "or `sector_slug_taken`."
-            ),
-        },
+        conflicts=(
+            "`sector_inactive` (retired sectors are read-only), `sector_name_taken` "
+            "or `sector_slug_taken`."
+        ),
+        operation_id="sectors_update",
     )
     def patch(self, request, sector_id: int):
         data = validated(SectorUpdateSerializer, request.data)
         sector = sector_update(sector_id=sector_id, data=data, actor=request.user)
         return Response(SectorSerializer(sector).data)
 
-    @extend_schema(
-        operation_id="sectors_delete",
-        request=None,
-        responses={405: error_response("Always: sectors are deactivated instead.")},
+    delete = refused_delete(
+        operation_id="sectors_delete", description="Always: sectors are deactivated instead."
     )
-    def delete(self, request, sector_id: int):
-        self.refuse_delete(sector_id=sector_id)
 
 
 class SectorDeactivateApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @extend_schema(
+    @change_schema(
+        SectorSerializer,
+        conflicts="`sector_in_use` or `sector_inactive`.",
         operation_id="sectors_deactivate",
-        request=None,
-        responses={
-            200: SectorSerializer,
-            409: error_response("`sector_in_use` or `sector_inactive`."),
-        },
     )
     def post(self, request, sector_id: int):
         sector = sector_deactivate(sector_id=sector_id, actor=request.user)

@@ -4,18 +4,16 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Lower
 
-from common.models import Deactivatable
+from common.models import Deactivatable, Timestamped
 
 
-class Sector(Deactivatable):
+class Sector(Timestamped, Deactivatable):
     """A classification of automations (finance, logistics…). Deactivated, never deleted."""
 
     id = models.BigAutoField(primary_key=True)
     name = models.CharField(max_length=120)
     slug = models.SlugField(max_length=120, unique=True)
     description = models.TextField(blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
     # Retired sectors are read-only: the trail of what they were stays true.
     inactive_message = "The sector is not active."

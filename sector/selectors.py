@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 
 from common.errors import NotFound
+from common.queries import narrowed, searched
 from sector.models import Sector
 
 if TYPE_CHECKING:
@@ -39,14 +40,7 @@ def sector_for_caller(*, caller: User, sector_id: int) -> Sector:
 
 def sector_list(*, caller: User, active: bool | None = None, search: str = "") -> QuerySet[Sector]:
     """The sectors ``caller`` may see; ``active`` narrows them (retired ones: admins only)."""
-    queryset = sectors_visible_to(caller)
-    if active is not None:
-        queryset = queryset.filter(is_active=active)
-    if search:
-        queryset = queryset.filter(
-            Q(name__icontains=search) | Q(slug__icontains=search) | Q(description__icontains=search)
-        )
-    return queryset
+    return searched(narrowed(sectors_visible_to(caller), is_active=active), search)
 
 
 def sector_name_in_use(name: str, *, excluding: int | None = None) -> bool:

@@ -13,10 +13,11 @@ from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.utils.text import slugify
 
 from common.errors import Conflict, InvalidInput, NotFound
+from common.models import save_or_refuse
 from outbox.services import publish
 from sector.models import Sector
 from sector.selectors import sector_name_in_use
@@ -133,29 +134,22 @@ def _ensure_unique(sector: Sector) -> None:
 
 def _save(sector: Sector, **kwargs: Any) -> None:
     # The checks above are not enough under concurrency: the database has the last word.
-    try:
-        with transaction.atomic():
-            sector.save(**kwargs)
-    except IntegrityError as exc:
-        constraint = getattr(getattr(exc.__cause__, "diag", None), "constraint_name", "") or ""
-        if constraint == "sectors_active_name_key":
-            raise _name_taken() from None
-        if "slug" in constraint:
-            raise _slug_taken() from None
-        raise
+    save_or_refuse(sector, _refusal_for, **kwargs)
+
+
+def _refusal_for(constraint: str) -> Conflict | None:
+    if constraint == "sectors_active_name_key":
+        return _name_taken()
+    if "slug" in constraint:
+        return _slug_taken()
+    return None
 
 
 def _name_taken() -> Conflict:
-    return Conflict(
-        "An active sector already has this name.",
-        code="sector_name_taken",
-        details={"name": ["An active sector already has this name."]},
+    return Conflict.over_field(
+        "name", "An active sector already has this name.", code="sector_name_taken"
     )
 
 
 def _slug_taken() -> Conflict:
-    return Conflict(
-        "A sector already has this slug.",
-        code="sector_slug_taken",
-        details={"slug": ["A sector already has this slug."]},
-    )
+    return Conflict.over_field("slug", "A sector already has this slug.", code="sector_slug_taken")

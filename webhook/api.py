@@ -6,14 +6,16 @@ are never deleted: ``DELETE`` is refused and points to the ``disable`` action.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from typing import Any
+
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import NeverDeleted, NewestFirstCursorPagination, validated
-from common.schema import ErrorSerializer
+from common.schema import change_schema, create_schema, error_response, refused_delete
 from identity.permissions import IsTenantManager
 from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import WebhookEndpoint
@@ -26,10 +28,6 @@ from webhook.services import (
     endpoint_rotate_secret,
     endpoint_update,
 )
-
-
-def _error(description: str) -> OpenApiResponse:
-    return OpenApiResponse(ErrorSerializer, description=description)
 
 
 class EndpointOutput(serializers.ModelSerializer):
@@ -108,7 +106,7 @@ class DeliveryOutput(serializers.Serializer):
     history = AttemptOutput(many=True, help_text="Every attempt, oldest first.")
 
 
-_NOT_FOUND = _error("`webhook_not_found` (also another tenant's endpoint).")
+_NOT_FOUND = error_response("`webhook_not_found` (also another tenant's endpoint).")
 
 
 class EndpointsApi(GenericAPIView):
@@ -121,20 +119,18 @@ class EndpointsApi(GenericAPIView):
         page = self.paginate_queryset(endpoints)
         return self.get_paginated_response(EndpointOutput(page, many=True).data)
 
-    @extend_schema(
-        operation_id="webhooks_create",
+    @create_schema(
+        EndpointWithSecretOutput,
         request=EndpointCreateInput,
-        responses={
-            201: EndpointWithSecretOutput,
-            400: _error(
-                "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
-                "`webhook_event_type_not_allowed`."
-            ),
-            409: _error(
-                "`endpoint_limit_reached` (the tenant has WEBHOOK_MAX_ENDPOINTS_PER_TENANT "
-                "active endpoints; `details.limit`)."
-            ),
-        },
+        invalid=(
+            "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
+            "`webhook_event_type_not_allowed`."
+        ),
+        conflicts=(
+            "`endpoint_limit_reached` (the tenant has WEBHOOK_MAX_ENDPOINTS_PER_TENANT "
+            "active endpoints; `details.limit`)."
+        ),
+        operation_id="webhooks_create",
     )
     def post(self, request):
         data = validated(EndpointCreateInput, request.data)
@@ -155,17 +151,15 @@ class EndpointDetailApi(NeverDeleted, APIView):
         endpoint = endpoint_get(tenant=request.user.tenant_id, endpoint_id=endpoint_id)
         return Response(EndpointOutput(endpoint).data)
 
-    @extend_schema(
-        operation_id="webhooks_update",
+    @change_schema(
+        EndpointOutput,
         request=EndpointUpdateInput,
-        responses={
-            200: EndpointOutput,
-            400: _error(
-                "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
-                "`webhook_event_type_not_allowed`."
-            ),
-            404: _NOT_FOUND,
-        },
+        invalid=(
+            "`invalid`, `webhook_url_refused`, `webhook_unknown_event_type`, "
+            "`webhook_event_type_not_allowed`."
+        ),
+        not_found=_NOT_FOUND,
+        operation_id="webhooks_update",
     )
     def patch(self, request, endpoint_id: int):
         data = validated(EndpointUpdateInput, request.data)
@@ -174,74 +168,78 @@ class EndpointDetailApi(NeverDeleted, APIView):
         )
         return Response(EndpointOutput(endpoint).data)
 
-    @extend_schema(
-        operation_id="webhooks_delete",
-        request=None,
-        responses={405: _error("Always: endpoints are disabled instead.")},
+    delete = refused_delete(
+        operation_id="webhooks_delete", description="Always: endpoints are disabled instead."
     )
-    def delete(self, request, endpoint_id: int):
-        self.refuse_delete(endpoint_id=endpoint_id)
 
 
-class EndpointRotateSecretApi(APIView):
+class _EndpointMoveApi(APIView):
+    # A POST that moves one endpoint through ``service`` and answers it as ``answer``
+    # does, as _ScheduleMoveApi moves a schedule; each documents its operation with
+    # extend_schema_view.
     permission_classes = [IsTenantManager]
+    answer: type[serializers.Serializer] = EndpointOutput
 
-    @extend_schema(
+    @staticmethod
+    def service(*, tenant: int, endpoint_id: int, actor: Any, **data: Any) -> WebhookEndpoint:
+        raise NotImplementedError
+
+    def move_input(self, request) -> dict[str, Any]:
+        return {}
+
+    def post(self, request, endpoint_id: int):
+        endpoint = self.service(
+            tenant=request.user.tenant_id,
+            endpoint_id=endpoint_id,
+            actor=request.user,
+            **self.move_input(request),
+        )
+        return Response(self.answer(endpoint).data)
+
+
+@extend_schema_view(
+    post=change_schema(
+        EndpointWithSecretOutput,
+        not_found=_NOT_FOUND,
+        conflicts="`webhook_disabled`.",
         operation_id="webhooks_rotate_secret",
         description=(
             "A new signing secret, shown in this answer only. The old one keeps signing "
             "too (a second signature in `webhook-signature`) for WEBHOOK_SECRET_GRACE_SECONDS."
         ),
-        request=None,
-        responses={
-            200: EndpointWithSecretOutput,
-            404: _NOT_FOUND,
-            409: _error("`webhook_disabled`."),
-        },
     )
-    def post(self, request, endpoint_id: int):
-        endpoint = endpoint_rotate_secret(
-            tenant=request.user.tenant_id, endpoint_id=endpoint_id, actor=request.user
-        )
-        return Response(EndpointWithSecretOutput(endpoint).data)
+)
+class EndpointRotateSecretApi(_EndpointMoveApi):
+    service = staticmethod(endpoint_rotate_secret)
+    answer = EndpointWithSecretOutput
 
 
-class EndpointDisableApi(APIView):
-    permission_classes = [IsTenantManager]
-
-    @extend_schema(
-        operation_id="webhooks_disable",
+@extend_schema_view(
+    post=change_schema(
+        EndpointOutput,
         request=DisableInput,
-        responses={200: EndpointOutput, 404: _NOT_FOUND, 409: _error("`webhook_disabled`.")},
+        not_found=_NOT_FOUND,
+        conflicts="`webhook_disabled`.",
+        operation_id="webhooks_disable",
     )
-    def post(self, request, endpoint_id: int):
-        data = validated(DisableInput, request.data or {})
-        endpoint = endpoint_disable(
-            tenant=request.user.tenant_id,
-            endpoint_id=endpoint_id,
-            actor=request.user,
-            reason=data.get("reason", ""),
-        )
-        return Response(EndpointOutput(endpoint).data)
+)
+class EndpointDisableApi(_EndpointMoveApi):
+    service = staticmethod(endpoint_disable)
+
+    def move_input(self, request) -> dict[str, Any]:
+        return {"reason": validated(DisableInput, request.data or {}).get("reason", "")}
 
 
-class EndpointEnableApi(APIView):
-    permission_classes = [IsTenantManager]
-
-    @extend_schema(
+@extend_schema_view(
+    post=change_schema(
+        EndpointOutput,
+        not_found=_NOT_FOUND,
+        conflicts="`webhook_active`, `endpoint_limit_reached`.",
         operation_id="webhooks_enable",
-        request=None,
-        responses={
-            200: EndpointOutput,
-            404: _NOT_FOUND,
-            409: _error("`webhook_active`, `endpoint_limit_reached`."),
-        },
     )
-    def post(self, request, endpoint_id: int):
-        endpoint = endpoint_enable(
-            tenant=request.user.tenant_id, endpoint_id=endpoint_id, actor=request.user
-        )
-        return Response(EndpointOutput(endpoint).data)
+)
+class EndpointEnableApi(_EndpointMoveApi):
+    service = staticmethod(endpoint_enable)
 
 
 class EndpointDeliveriesApi(GenericAPIView):

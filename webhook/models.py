@@ -24,6 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.errors import Conflict
+from common.models import choices_check
 from webhook.secret_box import SealedTextField
 
 
@@ -96,10 +97,7 @@ class WebhookEndpoint(models.Model):
     class Meta:
         db_table = "webhook_endpoints"
         constraints = [
-            models.CheckConstraint(
-                condition=Q(status__in=EndpointStatus.values),
-                name="webhook_endpoints_status_check",
-            ),
+            choices_check("webhook_endpoints", "status", EndpointStatus),
         ]
         indexes = [
             # The event listener: a tenant's active endpoints, on every event of the tenant.
@@ -208,10 +206,7 @@ class WebhookDelivery(models.Model):
     class Meta:
         db_table = "webhook_deliveries"
         constraints = [
-            models.CheckConstraint(
-                condition=Q(status__in=DeliveryStatus.values),
-                name="webhook_deliveries_status_check",
-            ),
+            choices_check("webhook_deliveries", "status", DeliveryStatus),
             # One delivery per event and endpoint, however often the listener runs.
             models.UniqueConstraint(
                 fields=["endpoint", "event_id"], name="webhook_deliveries_event_uniq"

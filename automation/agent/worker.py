@@ -128,12 +128,7 @@ class AutomationWorker:
         for report in reports:
             job_id = int(report["job_id"])
             logger.info("job %s: reporting the outcome kept on disk", job_id)
-            thread = threading.Thread(
-                target=self._report_spooled, args=(report,), name=f"spooled-{job_id}"
-            )
-            with self._queued_lock:
-                self._running[job_id] = thread
-            thread.start()
+            self._start(job_id, self._report_spooled, report, name=f"spooled-{job_id}")
         return len(reports)
 
     def _report_spooled(self, report: Report) -> None:
@@ -145,9 +140,19 @@ class AutomationWorker:
             logger.exception("job %s: unexpected error reporting the kept outcome", job_id)
             self.stats.errors.append(f"{job_id}: {exc}")
         finally:
-            with self._queued_lock:
-                self._running.pop(job_id, None)
-            self._last_activity = time.monotonic()
+            self._gone(job_id)
+
+    def _start(self, job_id: int, target, arg, *, name: str) -> None:
+        # ``_running`` holds the threads of the jobs this worker has in hand: _drain waits for them.
+        thread = threading.Thread(target=target, args=(arg,), name=name)
+        with self._queued_lock:
+            self._running[job_id] = thread
+        thread.start()
+
+    def _gone(self, job_id: int) -> None:
+        with self._queued_lock:
+            self._running.pop(job_id, None)
+        self._last_activity = time.monotonic()
 
     def poll_once(self) -> int:
         try:
@@ -187,10 +192,7 @@ class AutomationWorker:
             return False
         self.stats.claimed += 1
         self._last_activity = time.monotonic()
-        thread = threading.Thread(target=self._run_job, args=(job,), name=f"job-{job_id}")
-        with self._queued_lock:
-            self._running[job_id] = thread
-        thread.start()
+        self._start(job_id, self._run_job, job, name=f"job-{job_id}")
         return True
 
     def _run_job(self, job: dict) -> None:
@@ -209,9 +211,7 @@ class AutomationWorker:
             logger.exception("job %s: unexpected error in the worker", job_id)
             self.stats.errors.append(f"{job_id}: {exc}")
         finally:
-            with self._queued_lock:
-                self._running.pop(job_id, None)
-            self._last_activity = time.monotonic()
+            self._gone(job_id)
             self._slots.release()
 
     def _report(self, job: dict, outcome: Outcome) -> None:

@@ -39,6 +39,7 @@ from broker.consume import (
     FailureContext,
 )
 from broker.rabbitmq.connection import connection_parameters
+from broker.rabbitmq.publisher import republished_properties
 from broker.rabbitmq.topology import declarations, exchange_declaration
 
 logger = logging.getLogger("hubdommed.worker")
@@ -248,14 +249,7 @@ class RabbitMQConsumer(Consumer):
         headers = dict(original.headers or {})
         headers.update(failure.as_dict())
         headers["x-original-queue"] = topology.queue_name(delivery.destination)
-        properties = pika.BasicProperties(
-            content_type=original.content_type,
-            delivery_mode=pika.DeliveryMode.Persistent,
-            message_id=original.message_id,
-            type=original.type,
-            correlation_id=original.correlation_id,
-            headers=headers,
-        )
+        properties = republished_properties(original, headers)
 
         def park() -> None:
             publisher = self._publisher

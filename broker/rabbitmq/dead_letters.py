@@ -14,6 +14,7 @@ from broker.consume import (
     DeadLetterBox,
 )
 from broker.rabbitmq.connection import connection_parameters
+from broker.rabbitmq.publisher import republished_properties
 
 
 def _error_headers(headers: dict[str, Any]) -> dict[str, str]:
@@ -81,14 +82,7 @@ class RabbitMQDeadLetterBox(DeadLetterBox):
                     "",
                     topology.queue_name(destination),
                     letter.body,
-                    pika.BasicProperties(
-                        content_type=properties.content_type,
-                        delivery_mode=pika.DeliveryMode.Persistent,
-                        message_id=properties.message_id,
-                        type=properties.type,
-                        correlation_id=properties.correlation_id,
-                        headers=headers,
-                    ),
+                    republished_properties(properties, headers),
                     mandatory=True,
                 )
                 channel.basic_ack(method.delivery_tag)

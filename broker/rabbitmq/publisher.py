@@ -71,6 +71,21 @@ def message_properties(message: OutgoingMessage) -> pika.BasicProperties:
     )
 
 
+def republished_properties(
+    original: pika.BasicProperties, headers: dict[str, Any]
+) -> pika.BasicProperties:
+    """The properties of a received message published again (to its dead-letter queue, or
+    back to its queue): the same message, persistent, with ``headers`` instead of its own."""
+    return pika.BasicProperties(
+        content_type=original.content_type,
+        delivery_mode=pika.DeliveryMode.Persistent,
+        message_id=original.message_id,
+        type=original.type,
+        correlation_id=original.correlation_id,
+        headers=headers,
+    )
+
+
 class _CorkedConnection(pika.SelectConnection):
     """A ``SelectConnection`` that can hold back the frames it writes and hand them to the
     socket as one buffer: pika gives each frame (a message is three: method, header, body)

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import validated
-from common.schema import ErrorSerializer
+from common.schema import error_response
 from identity import services
 from identity.api.serializers import (
     LoginSerializer,
@@ -39,6 +39,7 @@ def _token_pair_response(pair: services.TokenPair) -> Response:
     return response
 
 
+@extend_schema(tags=[TAG])
 class SessionApi(APIView):
     # The session endpoints take a password or a refresh token, never an access token: an
     # expired access token must not stand in the way of getting a new one. (A comment, not a
@@ -47,24 +48,18 @@ class SessionApi(APIView):
     permission_classes = [AllowAny]
 
 
+@extend_schema(tags=[TAG])
 class LoginApi(SessionApi):
     throttle_classes = [LoginRateByAddress, LoginRateByEmail]
 
     @extend_schema(
-        tags=[TAG],
         auth=[],
         request=LoginSerializer,
         responses={
             200: TokenPairSerializer,
-            401: OpenApiResponse(
-                ErrorSerializer, description="Wrong email or password (one error for both)."
-            ),
-            403: OpenApiResponse(
-                ErrorSerializer, description="The account or its tenant is deactivated."
-            ),
-            429: OpenApiResponse(
-                ErrorSerializer, description="Too many attempts; see Retry-After."
-            ),
+            401: error_response("Wrong email or password (one error for both)."),
+            403: error_response("The account or its tenant is deactivated."),
+            429: error_response("Too many attempts; see Retry-After."),
         },
         summary="Log in with email and password",
     )
@@ -75,16 +70,15 @@ class LoginApi(SessionApi):
         )
 
 
+@extend_schema(tags=[TAG])
 class RefreshApi(SessionApi):
     @extend_schema(
-        tags=[TAG],
         auth=[],
         request=RefreshSerializer,
         responses={
             200: TokenPairSerializer,
-            401: OpenApiResponse(
-                ErrorSerializer,
-                description="Unknown, expired, revoked or already used refresh token "
+            401: error_response(
+                "Unknown, expired, revoked or already used refresh token "
                 "(a reused one ends its whole session).",
             ),
         },
@@ -95,9 +89,9 @@ class RefreshApi(SessionApi):
         return _token_pair_response(services.refresh_token_rotate(token=data["refresh_token"]))
 
 
+@extend_schema(tags=[TAG])
 class LogoutApi(SessionApi):
     @extend_schema(
-        tags=[TAG],
         auth=[],
         request=RefreshSerializer,
         responses={204: OpenApiResponse(description="The session is ended.")},
@@ -109,9 +103,10 @@ class LogoutApi(SessionApi):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+@extend_schema(tags=[TAG])
 class MeApi(APIView):
     permission_classes = [IsPerson]
 
-    @extend_schema(tags=[TAG], responses=MeSerializer, summary="The calling person")
+    @extend_schema(responses=MeSerializer, summary="The calling person")
     def get(self, request):
         return Response(MeSerializer(request.user).data)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import DefaultPagination, NeverDeleted, validated
-from common.schema import ErrorSerializer
+from common.schema import change_schema, create_schema, error_response
 from identity import selectors, services
 from identity.api.common import paginated, query
 from identity.api.serializers import (
@@ -20,16 +20,16 @@ from identity.api.serializers import (
 from identity.permissions import IsPlatformAdmin
 
 TAG = "tenants"
-NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such tenant.")
-CONFLICT = OpenApiResponse(ErrorSerializer, description="The tenant is deactivated.")
+NOT_FOUND = error_response("No such tenant.")
+CONFLICT = error_response("The tenant is deactivated.")
 
 
+@extend_schema(tags=[TAG])
 class TenantCollectionApi(NeverDeleted, APIView):
     permission_classes = [IsPlatformAdmin]
     pagination_class = DefaultPagination
 
     @extend_schema(
-        tags=[TAG],
         parameters=[TenantListQuerySerializer],
         responses=TenantSerializer(many=True),
         summary="List tenants",
@@ -38,13 +38,10 @@ class TenantCollectionApi(NeverDeleted, APIView):
         filters = query(TenantListQuerySerializer, request)
         return paginated(self, selectors.tenant_list(**filters), TenantSerializer)
 
-    @extend_schema(
-        tags=[TAG],
+    @create_schema(
+        TenantSerializer,
         request=TenantCreateSerializer,
-        responses={
-            201: TenantSerializer,
-            409: OpenApiResponse(ErrorSerializer, description="The slug is taken."),
-        },
+        conflicts="The slug is taken.",
         summary="Create a tenant",
     )
     def post(self, request):
@@ -53,20 +50,20 @@ class TenantCollectionApi(NeverDeleted, APIView):
         return Response(TenantSerializer(tenant).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema(tags=[TAG])
 class TenantDetailApi(NeverDeleted, APIView):
     permission_classes = [IsPlatformAdmin]
     delete_hint = "Tenants are never deleted: POST /api/v1/tenants/{tenant_id}/deactivate instead."
 
-    @extend_schema(
-        tags=[TAG], responses={200: TenantSerializer, 404: NOT_FOUND}, summary="Read a tenant"
-    )
+    @extend_schema(responses={200: TenantSerializer, 404: NOT_FOUND}, summary="Read a tenant")
     def get(self, request, tenant_id: int):
         return Response(TenantSerializer(selectors.tenant_for_admin(tenant_id)).data)
 
-    @extend_schema(
-        tags=[TAG],
+    @change_schema(
+        TenantSerializer,
         request=TenantRenameSerializer,
-        responses={200: TenantSerializer, 404: NOT_FOUND, 409: CONFLICT},
+        not_found=NOT_FOUND,
+        conflicts=CONFLICT,
         summary="Rename a tenant",
     )
     def patch(self, request, tenant_id: int):
@@ -76,13 +73,14 @@ class TenantDetailApi(NeverDeleted, APIView):
         return Response(TenantSerializer(tenant).data)
 
 
+@extend_schema(tags=[TAG])
 class TenantDeactivateApi(APIView):
     permission_classes = [IsPlatformAdmin]
 
-    @extend_schema(
-        tags=[TAG],
-        request=None,
-        responses={200: TenantSerializer, 404: NOT_FOUND, 409: CONFLICT},
+    @change_schema(
+        TenantSerializer,
+        not_found=NOT_FOUND,
+        conflicts=CONFLICT,
         summary="Deactivate a tenant: its users can no longer log in",
     )
     def post(self, request, tenant_id: int):

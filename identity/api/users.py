@@ -6,13 +6,13 @@ is a 404 for a manager, exactly like a user that does not exist.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from common.api import DefaultPagination, NeverDeleted, validated
-from common.schema import ErrorSerializer
+from common.schema import change_schema, create_schema, error_response
 from identity import selectors, services
 from identity.api.common import paginated, query
 from identity.api.serializers import (
@@ -24,16 +24,16 @@ from identity.api.serializers import (
 from identity.permissions import IsPlatformAdmin, IsTenantManager
 
 TAG = "users"
-NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such user (or not yours to see).")
+NOT_FOUND = error_response("No such user (or not yours to see).")
 MANAGERS = [IsPlatformAdmin | IsTenantManager]
 
 
+@extend_schema(tags=[TAG])
 class UserCollectionApi(NeverDeleted, APIView):
     permission_classes = MANAGERS
     pagination_class = DefaultPagination
 
     @extend_schema(
-        tags=[TAG],
         parameters=[UserListQuerySerializer],
         responses=UserSerializer(many=True),
         summary="List users (a manager sees their tenant's)",
@@ -48,16 +48,11 @@ class UserCollectionApi(NeverDeleted, APIView):
         )
         return paginated(self, users, UserSerializer)
 
-    @extend_schema(
-        tags=[TAG],
+    @create_schema(
+        UserSerializer,
         request=UserRegisterSerializer,
-        responses={
-            201: UserSerializer,
-            404: OpenApiResponse(ErrorSerializer, description="No such tenant."),
-            409: OpenApiResponse(
-                ErrorSerializer, description="The email is taken or the tenant is deactivated."
-            ),
-        },
+        not_found=error_response("No such tenant."),
+        conflicts="The email is taken or the tenant is deactivated.",
         summary="Register a user in a tenant",
     )
     def post(self, request):
@@ -69,25 +64,21 @@ class UserCollectionApi(NeverDeleted, APIView):
         return Response(UserSerializer(user).data, status=status.HTTP_201_CREATED)
 
 
+@extend_schema(tags=[TAG])
 class UserDetailApi(NeverDeleted, APIView):
     permission_classes = MANAGERS
     delete_hint = "Users are never deleted: POST /api/v1/users/{user_id}/deactivate instead."
 
-    @extend_schema(
-        tags=[TAG], responses={200: UserSerializer, 404: NOT_FOUND}, summary="Read a user"
-    )
+    @extend_schema(responses={200: UserSerializer, 404: NOT_FOUND}, summary="Read a user")
     def get(self, request, user_id: int):
         user = selectors.user_for_caller(caller=request.user, user_id=user_id)
         return Response(UserSerializer(user).data)
 
-    @extend_schema(
-        tags=[TAG],
+    @change_schema(
+        UserSerializer,
         request=UserUpdateSerializer,
-        responses={
-            200: UserSerializer,
-            404: NOT_FOUND,
-            409: OpenApiResponse(ErrorSerializer, description="The user is deactivated."),
-        },
+        not_found=NOT_FOUND,
+        conflicts="The user is deactivated.",
         summary="Change a user's name or role",
     )
     def patch(self, request, user_id: int):
@@ -97,19 +88,14 @@ class UserDetailApi(NeverDeleted, APIView):
         return Response(UserSerializer(user).data)
 
 
+@extend_schema(tags=[TAG])
 class UserDeactivateApi(APIView):
     permission_classes = MANAGERS
 
-    @extend_schema(
-        tags=[TAG],
-        request=None,
-        responses={
-            200: UserSerializer,
-            404: NOT_FOUND,
-            409: OpenApiResponse(
-                ErrorSerializer, description="Already deactivated, or the caller themselves."
-            ),
-        },
+    @change_schema(
+        UserSerializer,
+        not_found=NOT_FOUND,
+        conflicts="Already deactivated, or the caller themselves.",
         summary="Deactivate a user: ends their sessions and blocks login",
     )
     def post(self, request, user_id: int):

@@ -10,7 +10,7 @@ from rest_framework.views import APIView
 
 from common.api import NewestFirstCursorPagination, validated
 from common.errors import InvalidInput, NotFound
-from common.schema import ErrorSerializer
+from common.schema import error_response
 from identity.permissions import IsTenantMember
 from job.api.serializers import JobCreateInput, JobListFilters, JobOutput
 from job.selectors import job_get, job_list, job_public
@@ -18,10 +18,6 @@ from job.services import job_cancel, job_create
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
-
-
-def _error(description: str) -> OpenApiResponse:
-    return OpenApiResponse(ErrorSerializer, description=description)
 
 
 def idempotency_key_of(request) -> str | None:
@@ -48,7 +44,7 @@ class JobsApi(GenericAPIView):
         operation_id="jobs_list",
         summary="The tenant's jobs, newest first",
         parameters=[JobListFilters],
-        responses={200: JobOutput(many=True), 400: _error("A bad filter (`invalid`).")},
+        responses={200: JobOutput(many=True), 400: error_response("A bad filter (`invalid`).")},
     )
     def get(self, request):
         filters = JobListFilters(data=request.query_params)
@@ -78,11 +74,11 @@ class JobsApi(GenericAPIView):
         responses={
             201: JobOutput,
             200: OpenApiResponse(JobOutput, description="A repeated request: the same job."),
-            400: _error(
+            400: error_response(
                 "`invalid`, `unknown_automation`, `invalid_params`, `params_too_large`, "
                 "`invalid_idempotency_key`."
             ),
-            409: _error(
+            409: error_response(
                 "`automation_inactive`, `automation_misconfigured` (its parameter schema is "
                 "broken), `idempotency_key_reused`."
             ),
@@ -108,7 +104,10 @@ class JobDetailApi(APIView):
     @extend_schema(
         operation_id="jobs_retrieve",
         summary="One of the tenant's jobs",
-        responses={200: JobOutput, 404: _error("`job_not_found` (also another tenant's job).")},
+        responses={
+            200: JobOutput,
+            404: error_response("`job_not_found` (also another tenant's job)."),
+        },
     )
     def get(self, request, job_id: int):
         job = job_get(tenant=request.user.tenant_id, job_id=job_id)
@@ -131,8 +130,8 @@ class JobCancelApi(APIView):
         request=None,
         responses={
             200: JobOutput,
-            404: _error("`job_not_found`."),
-            409: _error("`already_finished`."),
+            404: error_response("`job_not_found`."),
+            409: error_response("`already_finished`."),
         },
     )
     def post(self, request, job_id: int):

@@ -6,7 +6,10 @@ automation: another automation's job is a 404, as if it did not exist.
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from typing import TYPE_CHECKING, Any
+
+from drf_spectacular.utils import extend_schema, extend_schema_view
+from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -15,7 +18,7 @@ from automation.permissions import IsWorker
 from automation.services import worker_seen
 from common.api import validated
 from common.errors import Conflict
-from common.schema import ErrorSerializer
+from common.schema import change_schema, error_response
 from job.api.serializers import (
     ClaimedJobOutput,
     CompleteInput,
@@ -28,12 +31,13 @@ from job.api.serializers import (
 from job.selectors import jobs_pending_for
 from job.services import job_claim, job_complete, job_fail, job_heartbeat
 
-_NOT_FOUND = OpenApiResponse(
-    ErrorSerializer, description="`job_not_found` (also another automation's job)."
-)
-_REPORT_CONFLICTS = OpenApiResponse(
-    ErrorSerializer,
-    description=(
+if TYPE_CHECKING:
+    from automation.models import Worker
+    from job.models import Job
+
+_NOT_FOUND = error_response("`job_not_found` (also another automation's job).")
+_REPORT_CONFLICTS = error_response(
+    (
         "`stale_claim` (not the job's current claim), `already_finished` (the job ended "
         "otherwise), `not_running`. Nothing changes."
     ),
@@ -62,7 +66,10 @@ class WorkerJobPollApi(WorkerApi):
 
 
 class JobStartApi(WorkerApi):
-    @extend_schema(
+    @change_schema(
+        ClaimedJobOutput,
+        not_found=_NOT_FOUND,
+        conflicts="An expected refusal: `already_claimed`, `concurrency_limit` or `not_pending`.",
         operation_id="jobs_start",
         summary="Claim a pending job",
         description=(
@@ -70,17 +77,6 @@ class JobStartApi(WorkerApi):
             "its limit. The answer carries the claim token to heartbeat and report with and "
             "the lease's expiry: heartbeat well before it (every third of the lease)."
         ),
-        request=None,
-        responses={
-            200: ClaimedJobOutput,
-            404: _NOT_FOUND,
-            409: OpenApiResponse(
-                ErrorSerializer,
-                description=(
-                    "An expected refusal: `already_claimed`, `concurrency_limit` or `not_pending`."
-                ),
-            ),
-        },
     )
     def post(self, request, job_id: int):
         job = job_claim(worker=request.user, job_id=job_id)
@@ -95,25 +91,46 @@ class JobStartApi(WorkerApi):
         return response
 
 
-class JobHeartbeatApi(WorkerApi):
-    @extend_schema(
+class _JobReportApi(WorkerApi):
+    # A worker's report on the job it holds, as _ScheduleMoveApi moves a schedule:
+    # ``report_input`` checks the body, ``report`` is the one service call, ``answer``
+    # serializes the job. Each report documents its operation with extend_schema_view.
+    report_input: type[serializers.Serializer]
+    answer: type[serializers.Serializer]
+
+    @staticmethod
+    def report(*, worker: Worker, job_id: int, **data: Any) -> Job:
+        raise NotImplementedError
+
+    def post(self, request, job_id: int):
+        data = validated(self.report_input, request.data)
+        job = self.report(worker=request.user, job_id=job_id, **data)
+        return Response(self.answer(job).data)
+
+
+@extend_schema_view(
+    post=change_schema(
+        HeartbeatOutput,
+        request=HeartbeatInput,
+        not_found=_NOT_FOUND,
+        conflicts=_REPORT_CONFLICTS,
         operation_id="jobs_heartbeat",
         summary="Extend the claim's lease",
         description="The answer's `cancel_requested` tells the worker to stop and report.",
-        request=HeartbeatInput,
-        responses={200: HeartbeatOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
-    def post(self, request, job_id: int):
-        data = validated(HeartbeatInput, request.data)
-        job = job_heartbeat(worker=request.user, job_id=job_id, **data)
-        return Response(HeartbeatOutput(job).data)
+)
+class JobHeartbeatApi(_JobReportApi):
+    report_input = HeartbeatInput
+    report = staticmethod(job_heartbeat)
+    answer = HeartbeatOutput
 
 
-class JobCompleteApi(WorkerApi):
-    # A command's output may hold any character: what text cannot store is replaced.
-    replace_unstorable_text = ("output_tail",)
-
-    @extend_schema(
+@extend_schema_view(
+    post=change_schema(
+        ClaimedJobOutput,
+        request=CompleteInput,
+        not_found=_NOT_FOUND,
+        conflicts=_REPORT_CONFLICTS,
         operation_id="jobs_complete",
         summary="Report success",
         description=(
@@ -121,30 +138,33 @@ class JobCompleteApi(WorkerApi):
             "`exit_code` and the end of its output (`output_tail`). Repeating the same "
             "report returns the job unchanged."
         ),
-        request=CompleteInput,
-        responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
-    def post(self, request, job_id: int):
-        data = validated(CompleteInput, request.data)
-        job = job_complete(worker=request.user, job_id=job_id, **data)
-        return Response(ClaimedJobOutput(job).data)
-
-
-class JobFailApi(WorkerApi):
+)
+class JobCompleteApi(_JobReportApi):
     # A command's output may hold any character: what text cannot store is replaced.
-    replace_unstorable_text = ("output_tail", "error")
+    replace_unstorable_text = ("output_tail",)
+    report_input = CompleteInput
+    report = staticmethod(job_complete)
+    answer = ClaimedJobOutput
 
-    @extend_schema(
+
+@extend_schema_view(
+    post=change_schema(
+        ClaimedJobOutput,
+        request=FailInput,
+        not_found=_NOT_FOUND,
+        conflicts=_REPORT_CONFLICTS,
         operation_id="jobs_fail",
         summary="Report failure",
         description=(
             "Ends the job `failed`, or `canceled` when a cancellation was requested. "
             "Repeating the same report returns the job unchanged."
         ),
-        request=FailInput,
-        responses={200: ClaimedJobOutput, 404: _NOT_FOUND, 409: _REPORT_CONFLICTS},
     )
-    def post(self, request, job_id: int):
-        data = validated(FailInput, request.data)
-        job = job_fail(worker=request.user, job_id=job_id, **data)
-        return Response(ClaimedJobOutput(job).data)
+)
+class JobFailApi(_JobReportApi):
+    # A command's output may hold any character: what text cannot store is replaced.
+    replace_unstorable_text = ("output_tail", "error")
+    report_input = FailInput
+    report = staticmethod(job_fail)
+    answer = ClaimedJobOutput

@@ -57,31 +57,18 @@ class Command(BaseCommand):
         wanted = set(requeue) | set(purge)
         try:
             if purge or purge_all:
-                for destination in destinations:
-                    purged = dead_letters_purge(
-                        destination,
-                        run_ids=None if purge_all else set(wanted),
-                        limit=limit,
-                        actor="command:dead_letters",
-                    )
-                    for letter in purged:
-                        wanted.discard(letter.run_id)
-                        self.stdout.write(
-                            f"purged {letter.run_id} {letter.task} from {destination}"
-                        )
+                self._act(
+                    dead_letters_purge, destinations, purge_all, wanted, limit, "purged {} from {}"
+                )
             elif requeue or requeue_all:
-                for destination in destinations:
-                    sent = dead_letters_redrive(
-                        destination,
-                        run_ids=None if requeue_all else set(wanted),
-                        limit=limit,
-                        actor="command:dead_letters",
-                    )
-                    for letter in sent:
-                        wanted.discard(letter.run_id)
-                        self.stdout.write(
-                            f"requeued {letter.run_id} {letter.task} -> {destination}"
-                        )
+                self._act(
+                    dead_letters_redrive,
+                    destinations,
+                    requeue_all,
+                    wanted,
+                    limit,
+                    "requeued {} -> {}",
+                )
             else:
                 for parked in dead_letters_list(destinations, limit=limit):
                     letters = parked.letters
@@ -97,6 +84,29 @@ class Command(BaseCommand):
             raise CommandError(f"broker unreachable: {exc}") from exc
         if wanted:
             raise CommandError(f"not found in the dead-letter queues: {', '.join(sorted(wanted))}")
+
+    def _act(
+        self,
+        action,
+        destinations: list[str],
+        every: bool,
+        wanted: set[str],
+        limit: int,
+        done: str,
+    ) -> None:
+        # ``action`` purges or redrives the chosen run ids of each queue (all with ``every``);
+        # what it handled leaves ``wanted``, so what is left was not found. ``done`` reports each
+        # one: its run and task, then its queue.
+        for destination in destinations:
+            handled = action(
+                destination,
+                run_ids=None if every else set(wanted),
+                limit=limit,
+                actor="command:dead_letters",
+            )
+            for letter in handled:
+                wanted.discard(letter.run_id)
+                self.stdout.write(done.format(f"{letter.run_id} {letter.task}", destination))
 
 
 def _line(letter: DeadLetter) -> str:
