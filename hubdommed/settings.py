@@ -346,8 +346,12 @@ LOGGING = {
 }
 
 # --- Metrics ------------------------------------------------------------------------------
-# The port a daemon (run_relay, run_worker, watch_stuck_jobs) serves /metrics on; 0: off.
+# The port a daemon (run_relay, run_worker, watch_stuck_jobs, run_scheduler) serves /metrics
+# on; 0: off. `make run` gives each daemon its own (docs/OPERATIONS.md).
 METRICS_PORT = env.int("METRICS_PORT", default=0, minimum=0)
+# The address it listens on: loopback unless told otherwise (0.0.0.0 in a container, where
+# the orchestrator decides who reaches the port).
+METRICS_HOST = env.str("METRICS_HOST", default="127.0.0.1")
 # A file the daemon touches after each loop iteration, for a container's health check
 # (empty: none).
 LIVENESS_FILE = env.str("LIVENESS_FILE", default="")

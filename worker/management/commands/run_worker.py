@@ -106,7 +106,7 @@ class Command(BaseCommand):
             self._exit_now("worker stopped before it started")
         # The hub's background worker only: an automation's worker runs on its machine,
         # beside others the local provider starts with the same environment.
-        serve_metrics(settings.METRICS_PORT)
+        serve_metrics("worker")
         worker = build_task_worker(
             destinations,
             concurrency=concurrency,
