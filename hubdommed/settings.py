@@ -119,7 +119,9 @@ USE_TZ = True
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# Where `collectstatic` gathers the admin's and the API docs' files (`make run` and the image
+# run it), for WhiteNoise to serve without DEBUG.
+STATIC_ROOT = env.str("STATIC_ROOT", default=str(BASE_DIR / "var" / "static"))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {

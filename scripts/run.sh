@@ -16,6 +16,8 @@ export HUB_URL=${HUB_URL:-http://${HOST}:${PORT}}
 # Waits (BROKER_WAIT_SECONDS, 60) for a broker still starting, saying what it waits for.
 python manage.py setup_broker
 python manage.py seed_demo
+# The admin's and the API docs' files, for gunicorn to serve (WhiteNoise) when DEBUG is off.
+python manage.py collectstatic --no-input --verbosity 0
 
 # Automation workers the local provider started run detached (machines of their own); when
 # this whole system stops, they stop with it.
