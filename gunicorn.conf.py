@@ -31,10 +31,28 @@ from gunicorn import util
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="hubdommed-metrics-")
 
+# The settings' logging (LOG_FORMAT, LOG_LEVEL, the ids filter) for gunicorn's own lines
+# too: with LOG_FORMAT=json, its start-up lines, its warnings and a worker's traceback are
+# JSON records like the application's. Reading the settings here also stops a bad variable
+# in the master, with the message naming it, before any worker boots.
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hubdommed.settings")
+from django.conf import settings as _settings
+
+logconfig_dict = {
+    **_settings.LOGGING,
+    "loggers": {
+        **_settings.LOGGING["loggers"],
+        "gunicorn.error": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+        # Off (warnings only, and it writes none): the application logs each request itself,
+        # with its ids. At INFO its lines would be formatted like every other line.
+        "gunicorn.access": {"handlers": ["stderr"], "level": "WARNING", "propagate": False},
+    },
+}
+
 bind = f"{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
 # Each request is logged by the application itself (method, route, status, duration,
-# with its correlation id): no access log of gunicorn's beside it.
+# with its correlation id): no access log of gunicorn's beside it (see logconfig_dict).
 accesslog = None
 loglevel = "info"
 

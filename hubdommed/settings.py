@@ -341,11 +341,18 @@ LOGGING = {
     },
     "root": {"handlers": ["stderr"], "level": LOG_LEVEL},
     "loggers": {
+        # Django's own console handler (DEBUG only) would print each 4xx a second time, as
+        # plain text: its records go through the root's handler alone.
+        "django": {"handlers": []},
         "django.server": {"level": "WARNING"},
         "pika": {"level": "WARNING"},
         "botocore": {"level": "WARNING"},
     },
 }
+if LOG_FORMAT == "json":
+    from common.logs import log_uncaught_exceptions
+
+    log_uncaught_exceptions(LOGGING)
 
 # --- Metrics ------------------------------------------------------------------------------
 # The port a daemon (run_relay, run_worker, watch_stuck_jobs, run_scheduler) serves /metrics

@@ -15,6 +15,7 @@ from automation.permissions import IsWorker
 from automation.services import worker_seen
 from common.api import validated
 from common.errors import Conflict
+from common.middleware import log_quietly
 from common.schema import ErrorSerializer
 from job.api.serializers import (
     ClaimedJobOutput,
@@ -58,7 +59,9 @@ class WorkerJobPollApi(WorkerApi):
         # An idle worker's poll is how the hub knows it is alive (the monitor restarts
         # a worker silent while jobs wait).
         worker_seen(worker_id=request.user.pk)
-        return Response(PendingJobOutput(jobs, many=True).data)
+        response = Response(PendingJobOutput(jobs, many=True).data)
+        # Every few seconds per idle machine: logged at debug when there was nothing to take.
+        return response if jobs else log_quietly(response)
 
 
 class JobStartApi(WorkerApi):
@@ -89,9 +92,11 @@ class JobStartApi(WorkerApi):
     def handle_exception(self, exc):
         response = super().handle_exception(exc)
         if isinstance(exc, Conflict):
-            # A refused claim is normal traffic, already logged at info by job_claim;
-            # keep django.request from logging each one again as a warning.
+            # A refused claim is normal traffic, already logged at info by job_claim (with
+            # its code): keep django.request from logging each one again as a warning, and
+            # its request line (a 409) at debug.
             response._has_been_logged = True
+            log_quietly(response)
         return response
 
 

@@ -122,7 +122,11 @@ class Command(BaseCommand):
         handler threads still stuck are only left to die. Leave now, without the
         interpreter's teardown of a process this size, which alone may take seconds on a
         busy machine and would push the exit past the budget an orchestrator allows."""
-        self.stdout.write(summary)
+        if settings.LOG_FORMAT == "json":
+            # Every line the process writes is JSON: the summary is a record too.
+            logger.info(summary)
+        else:
+            self.stdout.write(summary)
         self.stdout.flush()
         self.stderr.flush()
         connections.close_all()
