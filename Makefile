@@ -12,7 +12,7 @@ PORT ?= 8000
 # subprocesses, not on a core: more workers than cores pays off.
 TEST_WORKERS ?= 4
 
-.PHONY: run test suite chaos lint format migrate db install clean
+.PHONY: run admin test suite chaos lint format migrate db install clean
 
 # Reinstall only when the declared dependencies change: fast when already done.
 $(STAMP): pyproject.toml
@@ -31,6 +31,10 @@ migrate: db
 
 run: migrate
 	HOST=$(HOST) PORT=$(PORT) BIN=$(BIN) scripts/run.sh
+
+# The first platform admin (asks for an email and a password), in the virtual environment.
+admin: migrate
+	$(BIN)/python manage.py createsuperuser
 
 lint: install
 	$(BIN)/ruff check .
