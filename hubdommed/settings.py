@@ -290,6 +290,20 @@ SPECTACULAR_SETTINGS = {
     # The schema is public: a stale token sent out of habit must not turn it into a 401.
     "SERVE_AUTHENTICATION": [],
     "COMPONENT_SPLIT_REQUEST": True,
+    # Each operation under its resource's tag (the path's first part after the version):
+    # the docs group the API by app, the worker's own API apart.
+    "SCHEMA_PATH_PREFIX": r"/api/v[0-9]+",
+    "TAGS": [
+        {"name": "auth", "description": "Logging in, tokens, and who the caller is."},
+        {"name": "tenants", "description": "Organizations (platform admins)."},
+        {"name": "users", "description": "A tenant's people."},
+        {"name": "sectors", "description": "The sectors automations belong to."},
+        {"name": "automations", "description": "What can run, and its worker's credential."},
+        {"name": "jobs", "description": "Runs of an automation, from request to result."},
+        {"name": "schedules", "description": "Jobs started on a cron calendar."},
+        {"name": "webhooks", "description": "Endpoints told of jobs' events, and deliveries."},
+        {"name": "worker", "description": "The automation's worker: poll, claim, report."},
+    ],
     # Swagger UI and Redoc from the API's own static files (drf-spectacular-sidecar): the
     # docs work on a machine without internet, and load no third-party script.
     "SWAGGER_UI_DIST": "SIDECAR",

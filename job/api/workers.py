@@ -67,6 +67,8 @@ class WorkerJobPollApi(WorkerApi):
 class JobStartApi(WorkerApi):
     @extend_schema(
         operation_id="jobs_start",
+        # The worker's side of a job: with its poll, apart from what people call.
+        tags=["worker"],
         summary="Claim a pending job",
         description=(
             "Succeeds only when the job is pending and the automation runs fewer jobs than "
@@ -103,6 +105,7 @@ class JobStartApi(WorkerApi):
 class JobHeartbeatApi(WorkerApi):
     @extend_schema(
         operation_id="jobs_heartbeat",
+        tags=["worker"],
         summary="Extend the claim's lease",
         description="The answer's `cancel_requested` tells the worker to stop and report.",
         request=HeartbeatInput,
@@ -120,6 +123,7 @@ class JobCompleteApi(WorkerApi):
 
     @extend_schema(
         operation_id="jobs_complete",
+        tags=["worker"],
         summary="Report success",
         description=(
             "Ends the job `succeeded` with its `result` and, optionally, the command's "
@@ -141,6 +145,7 @@ class JobFailApi(WorkerApi):
 
     @extend_schema(
         operation_id="jobs_fail",
+        tags=["worker"],
         summary="Report failure",
         description=(
             "Ends the job `failed`, or `canceled` when a cancellation was requested. "
