@@ -19,14 +19,45 @@ python manage.py seed_demo
 # The admin's and the API docs' files, for gunicorn to serve (WhiteNoise) when DEBUG is off.
 python manage.py collectstatic --no-input --verbosity 0
 
-# Automation workers the local provider started run detached (machines of their own); when
-# this whole system stops, they stop with it.
-stop_local_machines() {
-  for pid_file in "${LOCAL_MACHINES_DIR:-var/machines}"/*.pid; do
+# Automation workers the local provider started run detached (machines of their own, out of
+# reach of the terminal's Ctrl-C); when this whole system stops, they stop with it, before
+# this script returns: nothing started here outlives `make run`.
+machines_dir=${LOCAL_MACHINES_DIR:-var/machines}
+stop_budget=${WORKER_STOP_BUDGET:-30}
+
+local_workers() {
+  for pid_file in "$machines_dir"/*.pid; do
     [ -f "$pid_file" ] || continue
     pid=$(cat "$pid_file")
     # Only if that pid is still one of our workers (pids get reused).
-    if grep -qs run_worker "/proc/$pid/cmdline"; then kill -TERM "$pid" 2>/dev/null || true; fi
+    if grep -qs run_worker "/proc/$pid/cmdline"; then echo "$pid"; fi
+  done
+}
+
+# At once: each worker and the command it runs (each in a session of its own).
+kill_local_machines() {
+  for pid in $(local_workers); do
+    for child in $(ps -o pid= --ppid "$pid"); do
+      kill -KILL -- "-$child" 2>/dev/null || kill -KILL "$child" 2>/dev/null || true
+    done
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+  done
+}
+
+# Asked to stop: a running job finishes within the stop budget and its outcome is kept on
+# disk for the next start (docs/machines.md); a second Ctrl-C stops them all at once.
+stop_local_machines() {
+  pids=$(local_workers | tr '\n' ' ')
+  [ -n "$pids" ] || return 0
+  echo "Stopping the automation workers (pids ${pids% }): a running job has up to ${stop_budget} s" \
+    "to finish and is reported at the next start; Ctrl-C again stops them now."
+  trap 'kill_local_machines' INT TERM
+  for pid in $pids; do kill -TERM "$pid" 2>/dev/null || true; done
+  deadline=$((SECONDS + ${stop_budget%.*} + 10))
+  while [ -n "$(local_workers)" ]; do
+    if [ "$SECONDS" -ge "$deadline" ]; then kill_local_machines; fi
+    # A second Ctrl-C reaches this sleep too: not an error of the script's.
+    sleep 0.2 || true
   done
 }
 trap stop_local_machines EXIT
@@ -42,4 +73,26 @@ echo "Metrics: api http://${HOST}:${PORT}/metrics, relay http://${metrics_host}:
 # No env file for honcho: it would override the real environment with .env (a PORT or
 # DATABASE_URL given on the command line ignored); the processes read .env themselves,
 # where the real environment wins.
-honcho start --no-colour -f Procfile -e /dev/null
+#
+# Ctrl-C reaches honcho too, which stops its processes; a SIGTERM to this script alone is
+# passed on. A stop asked for that way ends in 0 (honcho itself says 130 or 143, the signal
+# it got): make prints no error for it. A process that died on its own ends the system with
+# its code.
+stop_asked=no
+trap 'stop_asked=yes' INT
+trap 'stop_asked=yes; kill -TERM "$honcho" 2>/dev/null || true' TERM
+honcho start --no-colour -f Procfile -e /dev/null &
+honcho=$!
+while :; do
+  status=0
+  wait "$honcho" || status=$?
+  # Back early when a signal came: wait for honcho to finish stopping.
+  kill -0 "$honcho" 2>/dev/null || break
+done
+trap - INT TERM
+stop_local_machines
+trap - EXIT
+if [ "$stop_asked" = yes ] && { [ "$status" -eq 130 ] || [ "$status" -eq 143 ]; }; then
+  exit 0
+fi
+exit "$status"
