@@ -29,8 +29,10 @@ db: install
 migrate: db
 	$(BIN)/python manage.py migrate --no-input
 
+# exec: the script, which turns a Ctrl-C into a clean stop, is the recipe's only process (a
+# shell waiting for it would die of the Ctrl-C first, and make say "Interrupt").
 run: migrate
-	HOST=$(HOST) PORT=$(PORT) BIN=$(BIN) scripts/run.sh
+	HOST=$(HOST) PORT=$(PORT) BIN=$(BIN) exec scripts/run.sh
 
 # The first platform admin (asks for an email and a password), in the virtual environment.
 admin: migrate

@@ -75,12 +75,11 @@ echo "Metrics: api http://${HOST}:${PORT}/metrics, relay http://${metrics_host}:
 # where the real environment wins.
 #
 # Ctrl-C reaches honcho too, which stops its processes; a SIGTERM to this script alone is
-# passed on. A stop asked for that way ends in 0 (honcho itself says 130 or 143, the signal
-# it got): make prints no error for it. A process that died on its own ends the system with
-# its code.
-stop_asked=no
-trap 'stop_asked=yes' INT
-trap 'stop_asked=yes; kill -TERM "$honcho" 2>/dev/null || true' TERM
+# passed on. honcho ends in 130 or 143 when a signal stopped it (a process that died on its
+# own ends it with that process's code): a stop asked for ends this script in 0, and make
+# prints no error for it.
+trap ':' INT
+trap 'kill -TERM "$honcho" 2>/dev/null || true' TERM
 honcho start --no-colour -f Procfile -e /dev/null &
 honcho=$!
 while :; do
@@ -92,7 +91,7 @@ done
 trap - INT TERM
 stop_local_machines
 trap - EXIT
-if [ "$stop_asked" = yes ] && { [ "$status" -eq 130 ] || [ "$status" -eq 143 ]; }; then
+if [ "$status" -eq 130 ] || [ "$status" -eq 143 ]; then
   exit 0
 fi
 exit "$status"
