@@ -12,7 +12,7 @@ PORT ?= 8000
 # subprocesses, not on a core: more workers than cores pays off.
 TEST_WORKERS ?= 4
 
-.PHONY: run test suite chaos lint format migrate db install clean
+.PHONY: run admin test suite chaos lint format migrate db install clean
 
 # Reinstall only when the declared dependencies change: fast when already done.
 $(STAMP): pyproject.toml
@@ -29,8 +29,14 @@ db: install
 migrate: db
 	$(BIN)/python manage.py migrate --no-input
 
+# exec: the script, which turns a Ctrl-C into a clean stop, is the recipe's only process (a
+# shell waiting for it would die of the Ctrl-C first, and make say "Interrupt").
 run: migrate
-	HOST=$(HOST) PORT=$(PORT) BIN=$(BIN) scripts/run.sh
+	HOST=$(HOST) PORT=$(PORT) BIN=$(BIN) exec scripts/run.sh
+
+# The first platform admin (asks for an email and a password), in the virtual environment.
+admin: migrate
+	$(BIN)/python manage.py createsuperuser
 
 lint: install
 	$(BIN)/ruff check .

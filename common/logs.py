@@ -3,12 +3,18 @@
 ``ContextFilter`` (installed on the root handler by ``hubdommed.settings.LOGGING``) copies
 the correlation id and the ids bound with ``common.context.log_context`` onto every record.
 In production (``LOG_FORMAT=json``) each record is one JSON object per line
-(python-json-logger); in development, a readable line with the ids at its end.
+(python-json-logger); in development, a readable line with the ids at its end. With JSON,
+an exception nothing caught is one record too (``log_uncaught_exceptions``), not a
+traceback printed line by line.
 """
 
 from __future__ import annotations
 
 import logging
+import logging.config
+import sys
+import threading
+from typing import Any
 
 from pythonjsonlogger import json as jsonlogger
 
@@ -53,3 +59,42 @@ class JsonFormatter(jsonlogger.JsonFormatter):
 
     def process_log_record(self, log_record: dict) -> dict:
         return {key: value for key, value in log_record.items() if value is not None}
+
+
+def log_uncaught_exceptions(config: dict[str, Any]) -> None:
+    """Log an exception that ends the process (or one of its threads) as one record, its
+    traceback inside, through the handlers ``config`` (``settings.LOGGING``) sets up.
+
+    Ctrl-C keeps Python's own handling.
+    """
+    uncaught = logging.getLogger("hubdommed.uncaught")
+
+    def ready() -> None:
+        # An exception raised before Django configured logging still gets the format.
+        if not logging.getLogger().handlers:
+            logging.config.dictConfig(config)
+
+    def process_hook(kind, value, traceback) -> None:
+        if issubclass(kind, KeyboardInterrupt):
+            sys.__excepthook__(kind, value, traceback)
+            return
+        ready()
+        uncaught.critical(
+            "uncaught %s: %s", kind.__name__, value, exc_info=(kind, value, traceback)
+        )
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        ready()
+        name = args.thread.name if args.thread is not None else "?"
+        uncaught.critical(
+            "uncaught %s in thread %s: %s",
+            args.exc_type.__name__,
+            name,
+            args.exc_value,
+            exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+        )
+
+    sys.excepthook = process_hook
+    threading.excepthook = thread_hook

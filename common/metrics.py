@@ -8,17 +8,19 @@ status, a table; never a job, run or tenant id).
 The API exposes them at ``/metrics``; under gunicorn's several worker processes, set
 ``PROMETHEUS_MULTIPROC_DIR`` (an empty directory per service, cleared at start) so that
 each process writes its values there and ``/metrics`` adds them up. A daemon serves them on
-``METRICS_PORT`` (0: off) with ``serve_metrics``.
+``METRICS_HOST``:``METRICS_PORT`` (loopback by default; port 0: off) with ``serve_metrics``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
+from django.conf import settings
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -32,6 +34,8 @@ from prometheus_client import (
 )
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
 
 DAEMON_HEARTBEAT = Gauge(
     "hubdommed_daemon_heartbeat_timestamp_seconds",
@@ -97,15 +101,39 @@ def exposition(collectors: Iterable[Collector] = ()) -> tuple[bytes, str]:
 
 
 def serve_metrics(
-    port: int,
-    addr: str = "0.0.0.0",  # noqa: S104 (a container's port; the orchestrator decides who reaches it)
+    daemon: str,
+    *,
+    port: int | None = None,
+    addr: str | None = None,
     collectors: Iterable[Collector] = (),
-) -> threading.Thread | None:
-    """Serve ``/metrics`` on ``port`` in a background thread (``None`` when port is 0)."""
+) -> WSGIServer | None:
+    """Serve ``/metrics`` in a background thread, and say where in the log; the server.
+
+    ``port`` and ``addr`` default to the ``METRICS_PORT`` and ``METRICS_HOST`` settings.
+    ``None`` when the port is 0 (off) or cannot be bound: a port in use is one error line and
+    the daemon carries on without its metrics, since the work it does (relaying the outbox,
+    running tasks, firing schedules) matters more than the figures about it; an exit would
+    take the daemon down with its metrics, under `make run` the whole system with it.
+    """
+    port = settings.METRICS_PORT if port is None else port
+    addr = settings.METRICS_HOST if addr is None else addr
     if not port:
+        logger.info("%s metrics off (METRICS_PORT is 0)", daemon)
         return None
-    _server, thread = start_http_server(port, addr=addr, registry=registry(collectors))
-    return thread
+    try:
+        server, _thread = start_http_server(port, addr=addr, registry=registry(collectors))
+    except OSError as exc:
+        logger.error(
+            "%s metrics not served: cannot listen on %s:%d (%s); carrying on without them",
+            daemon,
+            addr,
+            port,
+            exc.strerror or exc,
+        )
+        return None
+    host = f"[{addr}]" if ":" in addr else addr
+    logger.info("%s metrics on http://%s:%d/metrics", daemon, host, port)
+    return server
 
 
 class Heartbeat:

@@ -63,6 +63,13 @@ UNMATCHED = "unmatched"
 STATIC = "static"
 
 
+def log_quietly(response):
+    """Marks an answer that is routine traffic (an idle worker's poll, an expected refusal):
+    its request line is logged at debug, not info. The answer itself is unchanged."""
+    response.log_quietly = True
+    return response
+
+
 def route_of(request) -> str:
     """The URL pattern that matched (``api/v1/jobs/<int:pk>``), ``static`` for the static
     files, or ``unmatched``.
@@ -96,9 +103,11 @@ class RequestMetricsMiddleware:
     def __call__(self, request):
         started = time.perf_counter()
         status = 500
+        quiet = False
         try:
             response = self.get_response(request)
             status = response.status_code
+            quiet = getattr(response, "log_quietly", False)
             return response
         finally:
             elapsed = time.perf_counter() - started
@@ -107,7 +116,7 @@ class RequestMetricsMiddleware:
             HTTP_REQUESTS.labels(route=route, method=method, status=str(status)).inc()
             HTTP_REQUEST_DURATION.labels(route=route, method=method).observe(elapsed)
             request_logger.log(
-                logging.DEBUG if route in _QUIET_ROUTES else logging.INFO,
+                logging.DEBUG if quiet or route in _QUIET_ROUTES else logging.INFO,
                 "%s %s %d %.1f ms",
                 method,
                 request.path,

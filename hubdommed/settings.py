@@ -119,7 +119,9 @@ USE_TZ = True
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+# Where `collectstatic` gathers the admin's and the API docs' files (`make run` and the image
+# run it), for WhiteNoise to serve without DEBUG.
+STATIC_ROOT = env.str("STATIC_ROOT", default=str(BASE_DIR / "var" / "static"))
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -288,6 +290,20 @@ SPECTACULAR_SETTINGS = {
     # The schema is public: a stale token sent out of habit must not turn it into a 401.
     "SERVE_AUTHENTICATION": [],
     "COMPONENT_SPLIT_REQUEST": True,
+    # Each operation under its resource's tag (the path's first part after the version):
+    # the docs group the API by app, the worker's own API apart.
+    "SCHEMA_PATH_PREFIX": r"/api/v[0-9]+",
+    "TAGS": [
+        {"name": "auth", "description": "Logging in, tokens, and who the caller is."},
+        {"name": "tenants", "description": "Organizations (platform admins)."},
+        {"name": "users", "description": "A tenant's people."},
+        {"name": "sectors", "description": "The sectors automations belong to."},
+        {"name": "automations", "description": "What can run, and its worker's credential."},
+        {"name": "jobs", "description": "Runs of an automation, from request to result."},
+        {"name": "schedules", "description": "Jobs started on a cron calendar."},
+        {"name": "webhooks", "description": "Endpoints told of jobs' events, and deliveries."},
+        {"name": "worker", "description": "The automation's worker: poll, claim, report."},
+    ],
     # Swagger UI and Redoc from the API's own static files (drf-spectacular-sidecar): the
     # docs work on a machine without internet, and load no third-party script.
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -339,15 +355,26 @@ LOGGING = {
     },
     "root": {"handlers": ["stderr"], "level": LOG_LEVEL},
     "loggers": {
+        # Django's own console handler (DEBUG only) would print each 4xx a second time, as
+        # plain text: its records go through the root's handler alone.
+        "django": {"handlers": []},
         "django.server": {"level": "WARNING"},
         "pika": {"level": "WARNING"},
         "botocore": {"level": "WARNING"},
     },
 }
+if LOG_FORMAT == "json":
+    from common.logs import log_uncaught_exceptions
+
+    log_uncaught_exceptions(LOGGING)
 
 # --- Metrics ------------------------------------------------------------------------------
-# The port a daemon (run_relay, run_worker, watch_stuck_jobs) serves /metrics on; 0: off.
+# The port a daemon (run_relay, run_worker, watch_stuck_jobs, run_scheduler) serves /metrics
+# on; 0: off. `make run` gives each daemon its own (docs/OPERATIONS.md).
 METRICS_PORT = env.int("METRICS_PORT", default=0, minimum=0)
+# The address it listens on: loopback unless told otherwise (0.0.0.0 in a container, where
+# the orchestrator decides who reaches the port).
+METRICS_HOST = env.str("METRICS_HOST", default="127.0.0.1")
 # A file the daemon touches after each loop iteration, for a container's health check
 # (empty: none).
 LIVENESS_FILE = env.str("LIVENESS_FILE", default="")

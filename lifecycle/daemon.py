@@ -170,16 +170,24 @@ class Daemon(BaseCommand):
         # the process was starting is honoured now. Only the main thread may install
         # handlers; a daemon run on another (a test) is stopped with ``stop.set()``.
         if threading.current_thread() is not threading.main_thread():
-            return self._handle(once=once, interval=interval)
+            return self.stop_line(self._handle(once=once, interval=interval))
         previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
         self.stop.install()
         try:
-            return self._handle(once=once, interval=interval)
+            return self.stop_line(self._handle(once=once, interval=interval))
         finally:
             # The handlers of before (under ``manage.py``, the start-up ones, which only
             # record a stop: the exit that follows stays clean; under a test, pytest's).
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    def stop_line(self, summary: str) -> str:
+        """The summary, for Django to print; with ``LOG_FORMAT=json`` a log record instead
+        (nothing printed), so that every line the process writes is JSON."""
+        if getattr(settings, "LOG_FORMAT", "text") == "json":
+            self.logger.info(summary)
+            return ""
+        return summary
 
     def _handle(self, *, once: bool, interval: float | None) -> str:
         if stopped_during_startup():

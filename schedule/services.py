@@ -239,4 +239,15 @@ def check_fields(
     if len(errors) == 1:
         (field_name,) = errors
         raise InvalidInput(errors[field_name][0], code=f"invalid_{field_name}", details=errors)
-    raise InvalidInput("The schedule is invalid.", code="invalid", details=errors)
+    # Several at once: the code names the first of them in the order a reader fixes them
+    # (the zone first, in which the expression is read), so that a client keyed on the
+    # documented codes (invalid_timezone, invalid_cron) still finds one; details has them all.
+    first = next(name for name in _FIELD_ORDER if name in errors)
+    raise InvalidInput(
+        f"The schedule is invalid: {', '.join(sorted(errors))}.",
+        code=f"invalid_{first}",
+        details=errors,
+    )
+
+
+_FIELD_ORDER = ("timezone", "cron", "name", "misfire")

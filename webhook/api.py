@@ -242,9 +242,33 @@ class EndpointEnableApi(_EndpointMoveApi):
     service = staticmethod(endpoint_enable)
 
 
+class CountedDeliveriesPagination(NewestFirstCursorPagination):
+    """Newest first by cursor, with ``count`` (every delivery of the endpoint) beside the
+    page, as the API's other lists have: one endpoint's deliveries, counted on
+    ``webhook_deliveries_recent_idx``, stay few enough to count on each page."""
+
+    def paginate_queryset(self, queryset, request, view=None):
+        self.count = queryset.count()
+        return super().paginate_queryset(queryset, request, view)
+
+    def get_paginated_response(self, data):
+        response = super().get_paginated_response(data)
+        response.data = {"count": self.count, **response.data}
+        return response
+
+    def get_paginated_response_schema(self, schema):
+        paginated = super().get_paginated_response_schema(schema)
+        paginated["required"] = ["count", *paginated["required"]]
+        paginated["properties"] = {
+            "count": {"type": "integer", "example": 123},
+            **paginated["properties"],
+        }
+        return paginated
+
+
 class EndpointDeliveriesApi(GenericAPIView):
     permission_classes = [IsTenantManager]
-    pagination_class = NewestFirstCursorPagination
+    pagination_class = CountedDeliveriesPagination
     serializer_class = DeliveryOutput
 
     @extend_schema(

@@ -18,6 +18,7 @@ from automation.permissions import IsWorker
 from automation.services import worker_seen
 from common.api import validated
 from common.errors import Conflict
+from common.middleware import log_quietly
 from common.schema import change_schema, error_response
 from job.api.serializers import (
     ClaimedJobOutput,
@@ -62,7 +63,9 @@ class WorkerJobPollApi(WorkerApi):
         # An idle worker's poll is how the hub knows it is alive (the monitor restarts
         # a worker silent while jobs wait).
         worker_seen(worker_id=request.user.pk)
-        return Response(PendingJobOutput(jobs, many=True).data)
+        response = Response(PendingJobOutput(jobs, many=True).data)
+        # Every few seconds per idle machine: logged at debug when there was nothing to take.
+        return response if jobs else log_quietly(response)
 
 
 class JobStartApi(WorkerApi):
@@ -71,6 +74,8 @@ class JobStartApi(WorkerApi):
         not_found=_NOT_FOUND,
         conflicts="An expected refusal: `already_claimed`, `concurrency_limit` or `not_pending`.",
         operation_id="jobs_start",
+        # The worker's side of a job: with its poll, apart from what people call.
+        tags=["worker"],
         summary="Claim a pending job",
         description=(
             "Succeeds only when the job is pending and the automation runs fewer jobs than "
@@ -85,9 +90,11 @@ class JobStartApi(WorkerApi):
     def handle_exception(self, exc):
         response = super().handle_exception(exc)
         if isinstance(exc, Conflict):
-            # A refused claim is normal traffic, already logged at info by job_claim;
-            # keep django.request from logging each one again as a warning.
+            # A refused claim is normal traffic, already logged at info by job_claim (with
+            # its code): keep django.request from logging each one again as a warning, and
+            # its request line (a 409) at debug.
             response._has_been_logged = True
+            log_quietly(response)
         return response
 
 
@@ -115,6 +122,7 @@ class _JobReportApi(WorkerApi):
         not_found=_NOT_FOUND,
         conflicts=_REPORT_CONFLICTS,
         operation_id="jobs_heartbeat",
+        tags=["worker"],
         summary="Extend the claim's lease",
         description="The answer's `cancel_requested` tells the worker to stop and report.",
     )
@@ -132,6 +140,7 @@ class JobHeartbeatApi(_JobReportApi):
         not_found=_NOT_FOUND,
         conflicts=_REPORT_CONFLICTS,
         operation_id="jobs_complete",
+        tags=["worker"],
         summary="Report success",
         description=(
             "Ends the job `succeeded` with its `result` and, optionally, the command's "
@@ -155,6 +164,7 @@ class JobCompleteApi(_JobReportApi):
         not_found=_NOT_FOUND,
         conflicts=_REPORT_CONFLICTS,
         operation_id="jobs_fail",
+        tags=["worker"],
         summary="Report failure",
         description=(
             "Ends the job `failed`, or `canceled` when a cancellation was requested. "

@@ -27,3 +27,17 @@ def test_the_docs_pages_reference_no_external_host(client: Client, path):
     for asset in assets:
         if asset.startswith("/static/"):
             assert client.get(asset).status_code == 200, asset
+
+
+def test_the_redoc_page_loads_no_image_from_elsewhere(client: Client):
+    page = client.get("/api/redoc/").content.decode()
+    # Redoc's bundle asks for one image from its CDN (the footer's logo), whatever the
+    # options: the page's policy refuses it (Redoc then leaves the image out).
+    policy = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', page)
+    assert policy and policy.group(1) == "img-src 'self' data:"
+    assert page.index("Content-Security-Policy") < page.index("<script")
+    (bundle,) = [src for src in re.findall(r'src="([^"]+)"', page) if "redoc" in src]
+    script = b"".join(client.get(bundle).streaming_content).decode()
+    assert re.findall(r"https://cdn[^\"' )]*", script) == [
+        "https://cdn.redoc.ly/redoc/logo-mini.svg"
+    ]

@@ -88,3 +88,32 @@ def test_the_example_alert_rules_parse_and_name_only_documented_metrics():
         named = {HISTOGRAM_SERIES.sub("", name) for name in METRIC.findall(rule["expr"])}
         assert named, rule["expr"]
         assert named <= known, named - known
+
+
+def variables_table() -> list[str]:
+    table = DOC.split("## Environment variables", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([A-Z][A-Z0-9_]*)` \|", table, flags=re.MULTILINE)
+
+
+def test_no_variable_is_listed_twice():
+    listed = variables_table()
+    assert len(listed) > 50
+    assert sorted({name for name in listed if listed.count(name) > 1}) == []
+    # Nor again among the variables that are not settings.
+    others = DOC.split("Not settings, but read by the processes:", 1)[1].split("\n\n", 1)[0]
+    assert [name for name in re.findall(r"`([A-Z][A-Z0-9_]*)`", others) if name in listed] == []
+
+
+def test_the_roles_name_every_daemon_of_the_procfile():
+    roles = DOC.split("## Deploying", 1)[0]
+    for line in (ROOT / "Procfile").read_text().splitlines():
+        if "manage.py" in line and not line.startswith("#"):
+            command = line.split("manage.py", 1)[1].split()[0]
+            assert f"manage.py {command}" in roles, command
+
+
+def test_the_compose_section_states_the_compose_version_it_needs_and_the_first_admin():
+    compose = DOC.split("### With compose", 1)[1].split("\n### ", 1)[0]
+    assert "Docker Compose 2.24 or later" in compose
+    assert "createsuperuser" in compose
+    assert "Docker Compose 2.24 or later" in (ROOT / "compose.yaml").read_text()

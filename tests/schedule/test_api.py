@@ -136,6 +136,21 @@ def test_a_bad_cron_and_a_bad_zone_at_once_name_both(manager_api, automation):
 
     assert response.status_code == 400
     assert set(response.json()["error"]["details"]) == {"cron", "timezone"}
+    # One of the documented codes (the zone's, read first), not a bare "invalid".
+    assert response.json()["error"]["code"] == "invalid_timezone"
+
+
+def test_a_bad_cron_and_a_bad_zone_in_an_update_name_both(manager_api, tenant, automation):
+    schedule = new_schedule(tenant=tenant, automation=automation, cron="0 6 * * *")
+
+    response = manager_api.patch(
+        f"{URL}/{schedule.pk}", {"cron": "x", "timezone": "Nowhere/Land"}, format="json"
+    )
+
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "invalid_timezone"
+    assert set(error["details"]) == {"cron", "timezone"}
 
 
 def test_a_schedule_of_an_inactive_automation_is_refused(manager_api, automation):

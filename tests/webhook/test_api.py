@@ -136,6 +136,7 @@ def test_recent_deliveries_show_status_codes_and_latency(api, receiver, tenant):
     response = api.get(f"/api/v1/webhooks/{created['id']}/deliveries")
 
     assert response.status_code == 200
+    assert response.json()["count"] == 2
     newest, oldest = response.json()["results"]
     assert newest["status"] == "delivered" and newest["attempts"] == 1
     assert oldest["status"] == "delivered"
@@ -145,6 +146,20 @@ def test_recent_deliveries_show_status_codes_and_latency(api, receiver, tenant):
     assert oldest["message_id"].startswith("msg_")
     assert [(a["number"], a["status_code"]) for a in oldest["history"]] == [(1, 503), (2, 200)]
     assert all(isinstance(a["latency_ms"], int) for a in oldest["history"])
+
+
+def test_the_deliveries_count_is_the_endpoints_whole_list_on_every_page(api, receiver, tenant):
+    created = create(api, receiver.url).json()
+    for _ in range(3):
+        complete_a_job(tenant)
+    run_due_attempts()
+    url = f"/api/v1/webhooks/{created['id']}/deliveries"
+
+    first = api.get(url, {"limit": 2}).json()
+    second = api.get(first["next"]).json()
+
+    assert (first["count"], len(first["results"])) == (3, 2)
+    assert (second["count"], len(second["results"])) == (3, 1)
 
 
 def test_a_disabled_endpoints_reason_is_visible_to_its_managers(api, receiver, tenant):

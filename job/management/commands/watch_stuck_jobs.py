@@ -305,7 +305,7 @@ class Command(Daemon):
         return counts
 
     def starting(self) -> None:
-        serve_metrics(settings.METRICS_PORT)
+        serve_metrics("monitor")
         logger.info(
             "monitor starting: every %gs; pending after %ss; ec2 idle after %ss",
             self.interval,

@@ -189,9 +189,7 @@ class Command(Daemon):
                 "set HUBDOMMED_RELAY=true in that service's environment."
             )
         # The outbox backlog is reported here, by the one relay of the environment.
-        serve_metrics(
-            settings.METRICS_PORT, collectors=[OutboxBacklogCollector(close_connection=True)]
-        )
+        serve_metrics("relay", collectors=[OutboxBacklogCollector(close_connection=True)])
         logger.info(
             "relay starting: broker=%s batch=%d sweep=%gs wake key=%s",
             settings.BROKER,

@@ -87,7 +87,7 @@ class Command(Daemon):
 
     def starting(self) -> None:
         logger.info("scheduler starting: every %gs", self.interval)
-        serve_metrics(settings.METRICS_PORT)
+        serve_metrics("scheduler")
 
     def summary(self) -> str:
         return f"scheduler stopped after {self.cycles} cycles: {self.started} jobs started"

@@ -106,7 +106,7 @@ class Command(BaseCommand):
             self._exit_now("worker stopped before it started")
         # The hub's background worker only: an automation's worker runs on its machine,
         # beside others the local provider starts with the same environment.
-        serve_metrics(settings.METRICS_PORT)
+        serve_metrics("worker")
         worker = build_task_worker(
             destinations,
             concurrency=concurrency,
@@ -122,7 +122,11 @@ class Command(BaseCommand):
         handler threads still stuck are only left to die. Leave now, without the
         interpreter's teardown of a process this size, which alone may take seconds on a
         busy machine and would push the exit past the budget an orchestrator allows."""
-        self.stdout.write(summary)
+        if settings.LOG_FORMAT == "json":
+            # Every line the process writes is JSON: the summary is a record too.
+            logger.info(summary)
+        else:
+            self.stdout.write(summary)
         self.stdout.flush()
         self.stderr.flush()
         connections.close_all()
