@@ -13,7 +13,9 @@ from rest_framework.views import APIView
 from automation.authentication import WorkerAuthentication
 from automation.permissions import IsWorker
 from automation.services import worker_seen
+from common import tracing
 from common.api import validated
+from common.context import bind_log_ids
 from common.errors import Conflict
 from common.schema import ErrorSerializer
 from job.api.serializers import (
@@ -43,6 +45,22 @@ _REPORT_CONFLICTS = OpenApiResponse(
 class WorkerApi(APIView):
     authentication_classes = [WorkerAuthentication]
     permission_classes = [IsWorker]
+
+    def initial(self, request, *args, **kwargs):
+        # The request's log lines and span name the job (the worker sends the job's own
+        # correlation id and trace with its requests: automation.agent.client).
+        job_id = kwargs.get("job_id")
+        if job_id is not None:
+            bind_log_ids(job_id=job_id)
+            tracing.annotate(job_id=job_id)
+        super().initial(request, *args, **kwargs)
+
+
+def _answer(serializer, job) -> Response:
+    """The job, with its tenant bound to the request's remaining log lines and span."""
+    bind_log_ids(tenant_id=job.tenant_id)
+    tracing.annotate(tenant_id=job.tenant_id, job_status=str(job.status))
+    return Response(serializer(job).data)
 
 
 class WorkerJobPollApi(WorkerApi):
@@ -84,7 +102,7 @@ class JobStartApi(WorkerApi):
     )
     def post(self, request, job_id: int):
         job = job_claim(worker=request.user, job_id=job_id)
-        return Response(ClaimedJobOutput(job).data)
+        return _answer(ClaimedJobOutput, job)
 
     def handle_exception(self, exc):
         response = super().handle_exception(exc)
@@ -106,7 +124,7 @@ class JobHeartbeatApi(WorkerApi):
     def post(self, request, job_id: int):
         data = validated(HeartbeatInput, request.data)
         job = job_heartbeat(worker=request.user, job_id=job_id, **data)
-        return Response(HeartbeatOutput(job).data)
+        return _answer(HeartbeatOutput, job)
 
 
 class JobCompleteApi(WorkerApi):
@@ -127,7 +145,7 @@ class JobCompleteApi(WorkerApi):
     def post(self, request, job_id: int):
         data = validated(CompleteInput, request.data)
         job = job_complete(worker=request.user, job_id=job_id, **data)
-        return Response(ClaimedJobOutput(job).data)
+        return _answer(ClaimedJobOutput, job)
 
 
 class JobFailApi(WorkerApi):
@@ -147,4 +165,4 @@ class JobFailApi(WorkerApi):
     def post(self, request, job_id: int):
         data = validated(FailInput, request.data)
         job = job_fail(worker=request.user, job_id=job_id, **data)
-        return Response(ClaimedJobOutput(job).data)
+        return _answer(ClaimedJobOutput, job)
