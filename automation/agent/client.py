@@ -3,8 +3,8 @@
 A request made for a job (``for_job``) carries the job's ids to the hub: its correlation id
 as ``X-Request-ID`` (the hub's log lines of a claim, a heartbeat or a report carry the id
 of the request that created the job) and its trace as ``traceparent`` (the current span's
-while tracing is on here, else the one the job's message carried), so that the hub's
-spans of the claim and the report join the job's trace.
+while tracing is on here, else the job's own, from its message or the poll), so that the
+hub's spans of the claim and the report join the job's trace.
 """
 
 from __future__ import annotations
@@ -119,8 +119,9 @@ class HubClient:
             max_concurrency=int(automation["max_concurrency"]),
         )
 
-    def pending_jobs(self, *, limit: int = 20) -> list[int]:
-        return [job["id"] for job in self._call("GET", "/worker/jobs", params={"limit": limit})]
+    def pending_jobs(self, *, limit: int = 20) -> list[dict[str, Any]]:
+        """The automation's pending jobs, oldest first: ``{"id", "created_at", "traceparent"}``."""
+        return list(self._call("GET", "/worker/jobs", params={"limit": limit}))
 
     def claim(self, job_id: int) -> dict[str, Any]:
         job = self._call("POST", f"/jobs/{job_id}/start", refusal=ClaimRefused)

@@ -19,7 +19,7 @@ A job learnt of from its message comes with the ids of the request that created 
 correlation id, tenant and trace: ``JobIds``): the worker's log lines about the job carry
 them, and so do its requests to the hub for it (claim, heartbeats, report), so that the
 job is one trace from the request that created it to the report that ended it. A job
-found by the poll alone is claimed under a trace of its own.
+found by the poll alone comes with its trace only (the poll's answer carries it).
 """
 
 from __future__ import annotations
@@ -103,8 +103,9 @@ class AutomationWorker:
     def offer(self, job_id: int, ids: JobIds | None = None) -> None:
         """A job may be waiting: try to claim it soon (duplicates are ignored)."""
         with self._queued_lock:
-            if ids is not None:
-                self._ids.setdefault(job_id, ids)
+            if ids is not None and (job_id not in self._ids or ids.correlation_id):
+                # The message's ids (correlation id, tenant, trace) over the poll's (trace).
+                self._ids[job_id] = ids
             if job_id in self._queued or job_id in self._running:
                 return
             self._queued.add(job_id)
@@ -171,15 +172,16 @@ class AutomationWorker:
 
     def poll_once(self) -> int:
         try:
-            job_ids = self.client.pending_jobs(limit=max(20, self.automation.max_concurrency * 4))
+            jobs = self.client.pending_jobs(limit=max(20, self.automation.max_concurrency * 4))
         except HubError as exc:
             if exc.credential_refused:
                 self._refused(exc)
             logger.warning("poll failed, will try again: %s", exc)
             return 0
-        for job_id in job_ids:
-            self.offer(job_id)
-        return len(job_ids)
+        for job in jobs:
+            traceparent = job.get("traceparent") or None
+            self.offer(job["id"], JobIds(traceparent=traceparent) if traceparent else None)
+        return len(jobs)
 
     def claim_next(self, *, timeout: float) -> bool:
         """One step: take a candidate, wait for a free slot, claim it. True if it claimed."""

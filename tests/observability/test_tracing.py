@@ -29,6 +29,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util._once import Once
 
 from automation.agent.client import HubClient
+from automation.agent.worker import AutomationWorker
 from automation.machines.local import machines_dir
 from common import tracing
 from identity.tokens import issue_access_token
@@ -261,3 +262,38 @@ def test_one_job_is_one_trace_from_its_post_to_its_webhook(
     # The delivery's lines name the job.
     webhook_lines = [line for line in traced if line["logger"] == "hubdommed.webhook"]
     assert webhook_lines and all(line["job_id"] == str(job_id) for line in webhook_lines)
+
+
+def test_a_job_found_by_the_poll_alone_is_claimed_and_reported_in_its_trace(
+    hub, spans, catalog, tenant, tmp_path
+):
+    created = catalog("polled")
+    person = UserFactory(tenant=tenant)
+    # No relay: the job's message never reaches its worker, which learns of it by its poll.
+    answer = requests.post(
+        f"{hub}/api/v1/jobs",
+        json={"automation": created.automation.id, "params": {"name": "poll"}},
+        headers={"Authorization": f"Bearer {issue_access_token(person).token}"},
+        timeout=30,
+    )
+    assert answer.status_code == 201, answer.text
+    job_id = answer.json()["id"]
+    client = HubClient(hub, created.credential)
+    agent = AutomationWorker(client, client.me(), stop_budget=5)
+    try:
+        assert agent.poll_once() == 1
+        assert agent.claim_next(timeout=5)
+        wait_until(lambda: agent.stats.succeeded == 1, timeout=30, message=lambda: agent.stats)
+    finally:
+        agent.shutdown.set()
+        agent._drain()
+        client.close()
+    assert job_status(job_id) == "succeeded"
+
+    finished = list(spans.get_finished_spans())
+    (create,) = server_spans(finished, "POST", "api/v1/jobs")
+    ours = [span for span in finished if span.context.trace_id == create.context.trace_id]
+    names = {span.name for span in ours}
+    assert {"agent.claim", "agent.job", "agent.report", "outbox.publish JobCompleted"} <= names
+    for path in ("start", "complete"):
+        assert server_spans(ours, "POST", f"api/v1/jobs/<int:job_id>/{path}"), path
