@@ -274,7 +274,7 @@ class AutomationWorker:
         stop budget is spent (the outcome stays on disk). A refusal is final: the outcome
         leaves the disk, except a refused credential's (the next worker reports it).
         """
-        ids = JobIds(**report.get("ids", {}))
+        ids = _ids_of_report(report)
         # The job's span, when this thread runs it; else (an outcome kept on disk by an
         # earlier worker) a span of the report's own in the job's trace.
         in_job = tracing.current_traceparent() is not None
@@ -456,4 +456,18 @@ def _ids_of(envelope: dict) -> JobIds:
         else None,
         tenant_id=tenant if isinstance(tenant, int) and not isinstance(tenant, bool) else None,
         traceparent=traceparent if isinstance(traceparent, str) and traceparent else None,
+    )
+
+
+def _ids_of_report(report: Report) -> JobIds:
+    """The job's ids kept with its outcome (none from an older worker's, or a damaged one)."""
+    ids = report.get("ids")
+    if not isinstance(ids, dict):
+        return JobIds()
+    return _ids_of(
+        {
+            "correlation_id": ids.get("correlation_id"),
+            "tenant": ids.get("tenant_id"),
+            "traceparent": ids.get("traceparent"),
+        }
     )
