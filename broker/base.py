@@ -35,6 +35,10 @@ class OutgoingMessage:
     event: str | None = None
     # The row's tenant, for the relay's log lines (not sent: the envelope carries it).
     tenant_id: str | None = None
+    # The envelope's W3C traceparent, for the relay's span (not sent: the envelope has it).
+    traceparent: str | None = None
+    # Seconds the row had been due when it was claimed, for the relay's batch line.
+    waited: float = 0.0
 
 
 @dataclass

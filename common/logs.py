@@ -1,7 +1,8 @@
 """Log records that carry the ids of the work they were written for.
 
 ``ContextFilter`` (installed on the root handler by ``hubdommed.settings.LOGGING``) copies
-the correlation id and the ids bound with ``common.context.log_context`` onto every record.
+the correlation id and the ids bound with ``common.context.log_context`` onto every record,
+and the current span's ``trace_id`` and ``span_id`` while tracing is on (``common.tracing``).
 In production (``LOG_FORMAT=json``) each record is one JSON object per line
 (python-json-logger); in development, a readable line with the ids at its end. With JSON,
 an exception nothing caught is one record too (``log_uncaught_exceptions``), not a
@@ -19,12 +20,14 @@ from typing import Any
 from pythonjsonlogger import json as jsonlogger
 
 from common.context import LOG_IDS, current_correlation_id, current_log_ids
+from common.tracing import current_ids
 
-_FIELDS = ("correlation_id", *LOG_IDS)
+_FIELDS = ("correlation_id", *LOG_IDS, "trace_id", "span_id")
 
 
 class ContextFilter(logging.Filter):
-    """Adds ``correlation_id``, ``run_id``, ``job_id`` and ``tenant_id`` to each record.
+    """Adds ``correlation_id``, ``run_id``, ``job_id``, ``tenant_id``, ``trace_id`` and
+    ``span_id`` to each record.
 
     An id already on the record (passed with ``extra=``) wins; an unknown one is ``None``,
     which the JSON formatter leaves out.
@@ -37,6 +40,9 @@ class ContextFilter(logging.Filter):
         for name in LOG_IDS:
             if getattr(record, name, None) is None:
                 setattr(record, name, ids.get(name))
+        if getattr(record, "trace_id", None) is None:
+            span = current_ids()
+            record.trace_id, record.span_id = span if span is not None else (None, None)
         return True
 
 

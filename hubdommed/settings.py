@@ -368,6 +368,34 @@ if LOG_FORMAT == "json":
 
     log_uncaught_exceptions(LOGGING)
 
+# --- Tracing (OpenTelemetry; common.tracing) -------------------------------------------------
+# Off unless configured with the SDK's own variables: an exporter named in
+# OTEL_TRACES_EXPORTER (otlp, console; "none" is off), or an OTLP endpoint
+# (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, http/protobuf), which
+# means otlp. OTEL_SDK_DISABLED=true turns it off whatever else is set. Sampling
+# (OTEL_TRACES_SAMPLER), headers and timeouts are the SDK's variables too.
+_TRACES_EXPORTERS = ("otlp", "console", "none")
+TRACING_EXPORTERS = tuple(
+    name.lower()
+    for name in env.list(
+        "OTEL_TRACES_EXPORTER",
+        default=(
+            ["otlp"]
+            if env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default="")
+            or env.str("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", default="")
+            else ["none"]
+        ),
+    )
+)
+if unknown_exporters := set(TRACING_EXPORTERS) - set(_TRACES_EXPORTERS):
+    raise ImproperlyConfigured(
+        f"OTEL_TRACES_EXPORTER={','.join(TRACING_EXPORTERS)!r}: unknown "
+        f"{', '.join(sorted(unknown_exporters))}; use {', '.join(_TRACES_EXPORTERS)}"
+    )
+TRACING_EXPORTERS = tuple(name for name in TRACING_EXPORTERS if name != "none")
+TRACING_ENABLED = bool(TRACING_EXPORTERS) and not env.bool("OTEL_SDK_DISABLED", default=False)
+TRACING_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", default="hubdommed")
+
 # --- Metrics ------------------------------------------------------------------------------
 # The port a daemon (run_relay, run_worker, watch_stuck_jobs, run_scheduler) serves /metrics
 # on; 0: off. `make run` gives each daemon its own (docs/OPERATIONS.md).

@@ -111,6 +111,19 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     last_heartbeat_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(default=timezone.now)
+    # The W3C traceparent of the request that created the job (empty while tracing is off):
+    # its worker's poll and claim answer with it, so that a job found by the poll alone is
+    # claimed, run and reported in the trace of its creation (common.tracing).
+    traceparent = models.TextField(
+        blank=True,
+        default="",
+        # Rows written by hand (a bulk load, a raw INSERT) need not name it.
+        db_default="",
+        help_text=(
+            "The W3C traceparent of the request that created the job, for the worker's "
+            "requests about it (empty while the hub's tracing is off)."
+        ),
+    )
 
     class Meta:
         db_table = "jobs"

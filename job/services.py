@@ -23,6 +23,7 @@ from django.utils import timezone
 from automation.params_schema import UnusableSchema, params_errors
 from automation.selectors import automation_get
 from automation.services import worker_seen
+from common import tracing
 from common.errors import Conflict, InvalidInput, NotFound
 from identity.selectors import tenant_is_active
 from job.metrics import count_claim_refusal, count_transition_on_commit
@@ -101,6 +102,7 @@ def job_create(
         triggered_by=triggered_by,
         created_at=now,
         updated_at=now,
+        traceparent=tracing.current_traceparent() or "",
     )
     with transaction.atomic():
         if idempotency_key is None:

@@ -11,6 +11,14 @@ class OutboxConfig(AppConfig):
 
         get_catalog()
 
+        # Every process of the hub loads this app: its tracing is set up here, before its
+        # first request or message (common.tracing; off unless configured).
+        from django.conf import settings
+
+        from common import tracing
+
+        tracing.configure(settings)
+
         from common.ways_forward import register_stranded_check
         from outbox.delivery import TABLES
         from outbox.stranded import StrandedRuns, stranded_rows

@@ -53,7 +53,8 @@ CLAIM_PLANNER = """
 # The partial index on pending rows serves this (outbox_messages_pending_idx) in id order.
 CLAIM = """
     SELECT id, run_id::text, envelope::text, envelope->>'destination', envelope->>'task',
-           coalesce(envelope->>'correlation_id', ''), envelope->>'event', {tenant}
+           coalesce(envelope->>'correlation_id', ''), envelope->>'event', {tenant},
+           envelope->>'traceparent', extract(epoch FROM clock_timestamp() - available_at)::float8
       FROM {table}
      WHERE sent_at IS NULL AND available_at <= clock_timestamp()
      ORDER BY id
@@ -180,8 +181,21 @@ def _messages(rows) -> list[OutgoingMessage]:
             correlation_id=correlation_id,
             event=event,
             tenant_id=tenant_id,
+            traceparent=traceparent,
+            waited=waited,
         )
-        for row_id, run_id, body, destination, task, correlation_id, event, tenant_id in rows
+        for (
+            row_id,
+            run_id,
+            body,
+            destination,
+            task,
+            correlation_id,
+            event,
+            tenant_id,
+            traceparent,
+            waited,
+        ) in rows
     ]
 
 

@@ -12,7 +12,12 @@ Envelope (the JSON the broker carries; version 1)::
 
     {"version": 1, "run_id": "…", "task": "machines.power_on", "queue": "critical",
      "destination": "critical", "event": "JobCreated" | null, "event_id": 17 | null,
-     "tenant": 3 | null, "payload": {…}, "occurred_at": "…", "correlation_id": "…"}
+     "tenant": 3 | null, "payload": {…}, "occurred_at": "…", "correlation_id": "…",
+     "traceparent": "00-…-…-01"}
+
+``traceparent`` (W3C Trace Context) names the span that dispatched the run, so that the
+relay's publish, the task's run and what it causes join the trace of the request that
+committed the change; it is there only while tracing is on (``common.tracing``).
 
 ``destination`` is the queue the message belongs to, without the environment's
 prefix: the queue class, or ``automation-<id>`` for an automation's own worker.
@@ -34,6 +39,7 @@ from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from broker.topology import automation_queue_name
+from common import tracing
 from common.context import get_correlation_id
 from outbox.catalog import TaskSpec, get_catalog
 from outbox.listeners import RecordedEvent, notify_listeners
@@ -78,8 +84,9 @@ def dispatch(
     _require_transaction()
     spec = get_catalog().task(task)
     body = _json_object(payload)
-    runs = _prepare_runs([spec], body, tenant_id=_id_of(tenant), event=None, delay=delay)
-    (run_id,) = runs.write()
+    with tracing.maybe_span(f"outbox.dispatch {task}", attributes={"hubdommed.task": task}):
+        runs = _prepare_runs([spec], body, tenant_id=_id_of(tenant), event=None, delay=delay)
+        (run_id,) = runs.write()
     return run_id
 
 
@@ -97,6 +104,13 @@ def publish(
     a worker, a string (``"system"``) or None (``"system"``).
     """
     _require_transaction()
+    with tracing.maybe_span(f"outbox.publish {event}", attributes={"hubdommed.event": event}):
+        return _publish(event, payload, tenant=tenant, aggregate=aggregate, actor=actor)
+
+
+def _publish(
+    event: str, payload: Mapping[str, Any], *, tenant: Any, aggregate: Any, actor: Any
+) -> Published:
     subscribers = get_catalog().subscribers(event)
     body = _json_object(payload)
     aggregate_type, aggregate_id = _aggregate_key(aggregate)
@@ -274,6 +288,7 @@ def _prepare_runs(
         return _Runs(model, [], [], [])
     payload = json.loads(body)
     correlation_id = get_correlation_id()
+    traceparent = tracing.current_traceparent()
     occurred_at = timezone.now().isoformat()
     available_at = _available_at(delay)
 
@@ -293,6 +308,8 @@ def _prepare_runs(
             "occurred_at": occurred_at,
             "correlation_id": correlation_id,
         }
+        if traceparent is not None:
+            envelope["traceparent"] = traceparent
         size = len(json.dumps(envelope, separators=(",", ":")).encode())
         # The shortest id an event can have: an envelope over the limit even with it is
         # refused before anything is written.

@@ -38,6 +38,7 @@ from django.conf import settings
 
 from broker import OutgoingMessage, SendResult, Transport, get_transport
 from broker.base import PendingSend
+from common import tracing
 from common.context import log_context
 from common.metrics import Heartbeat
 from lifecycle import Backoff
@@ -45,6 +46,9 @@ from outbox.delivery import TABLES, ClaimConnection, DueBatch, due_batch, open_b
 from relay import metrics
 
 logger = logging.getLogger("hubdommed.relay")
+
+# Run ids named in a batch's log line; a bigger batch names these and counts the rest.
+RUN_IDS_LOGGED = 20
 
 # Waiting between reconnection attempts while the broker (or the database) is unreachable.
 # Capped low: a failed attempt costs little (a refused connection), and the time from a
@@ -274,7 +278,18 @@ class OutboxRelay:
         if report.unconfirmed:
             metrics.MESSAGES_UNCONFIRMED.labels(table=table).inc(report.unconfirmed)
         level = logging.WARNING if report.error or report.rejected else logging.INFO
-        logger.log(level, "relayed batch", extra=report.fields())
+        fields = report.fields()
+        if messages:
+            # What the batch moved, at the default level: its runs (the first ones, and how
+            # many in all) and how long the longest-waiting row had been due.
+            fields["runs"] = len(messages)
+            fields["run_ids"] = [message.run_id for message in messages[:RUN_IDS_LOGGED]]
+            fields["oldest_waited_s"] = round(max(message.waited for message in messages), 3)
+        if messages and tracing.active():
+            traces = self._trace(table, messages, result, started)
+            if traces:
+                fields["trace_ids"] = traces
+        logger.log(level, "relayed batch", extra=fields)
         if result.sent and logger.isEnabledFor(logging.DEBUG):
             by_key = {message.key: message for message in messages}
             for key in result.sent:
@@ -286,10 +301,59 @@ class OutboxRelay:
                 ):
                     logger.debug(
                         "relayed message",
-                        extra={"table": table, "task": message.task, "event": message.event},
+                        extra={
+                            "table": table,
+                            "task": message.task,
+                            "event": message.event,
+                            # The trace of the request that dispatched it, while tracing is on.
+                            "trace_id": tracing.trace_id_of(message.traceparent),
+                        },
                     )
         self.heartbeat.beat()
         return report
+
+    def _trace(
+        self,
+        table: str,
+        messages: Sequence[OutgoingMessage],
+        result: SendResult,
+        started: float,
+    ) -> list[str]:
+        """One span per traced message of the batch, each in its own trace (the request's
+        that dispatched it), over the batch's time from claim to the broker's answer.
+        Returns the trace ids, for the batch's log line."""
+        ended_ns = time.time_ns()
+        started_ns = ended_ns - int((time.perf_counter() - started) * 1e9)
+        refused, unconfirmed = result.rejected, set(result.unconfirmed)
+        traces: list[str] = []
+        for message in messages:
+            if not message.traceparent:
+                continue
+            outcome = (
+                "refused"
+                if message.key in refused
+                else "unconfirmed"
+                if message.key in unconfirmed
+                else "sent"
+            )
+            tracing.record_span(
+                f"relay.publish {message.task}",
+                traceparent=message.traceparent,
+                started_ns=started_ns,
+                ended_ns=ended_ns,
+                kind=tracing.SpanKind.PRODUCER,
+                attributes={
+                    "messaging.system": settings.BROKER,
+                    "messaging.operation.type": "publish",
+                    "messaging.destination.name": message.destination,
+                    "hubdommed.run_id": message.run_id,
+                    "hubdommed.outbox_table": table,
+                    "hubdommed.outcome": outcome,
+                },
+            )
+            if trace_id := tracing.trace_id_of(message.traceparent):
+                traces.append(trace_id)
+        return sorted(set(traces))
 
     def _broker_answered(self) -> None:
         if self.outages:

@@ -32,6 +32,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from common import tracing
+from common.context import log_context
 from job.selectors import job_get, job_public
 from outbox.listeners import RecordedEvent
 from outbox.services import dispatch
@@ -176,7 +178,33 @@ def delivery_attempt(*, delivery_id: int, run_id: uuid.UUID) -> Outcome:
     request = _begin(delivery_id, run_id)
     if isinstance(request, Outcome):
         return request
+    # The attempt's log lines name the job the event is about (the task's run binds the rest).
+    with log_context(job_id=_job_id_of(request.body)):
+        return _attempt(request, run_id)
+
+
+def _attempt(request: _Request, run_id: uuid.UUID) -> Outcome:
     started_at = timezone.now()
+    with tracing.maybe_span(
+        "webhook.deliver POST",
+        kind=tracing.SpanKind.CLIENT,
+        attributes={
+            "http.request.method": "POST",
+            "hubdommed.delivery_id": request.delivery_id,
+            "hubdommed.endpoint_id": request.endpoint_id,
+            "hubdommed.attempt": request.number,
+        },
+    ) as span:
+        answer = _post(request, started_at)
+        if span is not None:
+            if answer.status_code is not None:
+                span.set_attribute("http.response.status_code", answer.status_code)
+            if answer.error or (answer.status_code or 0) >= 400:
+                span.set_status(tracing.StatusCode.ERROR, answer.error[:200] or None)
+    return _record(request, run_id, started_at, answer)
+
+
+def _post(request: _Request, started_at: datetime) -> transport.Answer:
     try:
         headers = {
             "Content-Type": "application/json",
@@ -188,19 +216,29 @@ def delivery_attempt(*, delivery_id: int, run_id: uuid.UUID) -> Outcome:
                 at=started_at,
             ),
         }
-        answer = transport.post(request.url, request.body.encode(), headers)
+        # The receiver may join the trace of the change it is told of (W3C Trace Context).
+        tracing.inject(headers)
+        return transport.post(request.url, request.body.encode(), headers)
     except Exception as exc:
         # Building or sending the request failed in a way the transport does not name (a
         # secret that cannot sign, a header that cannot be encoded): the delivery's failure,
         # recorded and retried like a receiver's, never the task's (whose retries would end
         # in the dead-letter queue with the delivery left pending).
         logger.exception("webhook %s attempt %d raised", request.message_id, request.number)
-        answer = transport.Answer(
+        return transport.Answer(
             None,
             int((timezone.now() - started_at).total_seconds() * 1000),
             f"{type(exc).__name__}: {exc}",
         )
-    return _record(request, run_id, started_at, answer)
+
+
+def _job_id_of(body: str) -> int | None:
+    """The job a delivery's body is about (its ``data.job_id``), if any."""
+    try:
+        job_id = json.loads(body).get("data", {}).get("job_id")
+    except (ValueError, AttributeError):
+        return None
+    return job_id if isinstance(job_id, int) and not isinstance(job_id, bool) else None
 
 
 @transaction.atomic

@@ -52,6 +52,7 @@ from broker.consume import (
     heartbeat_interval,
     visibility_timeout,
 )
+from common import tracing
 from common.context import log_context
 from lifecycle.failures import log_failure
 from outbox.catalog import DEFAULT_TIME_LIMIT_SECONDS, RetryPolicy, get_catalog
@@ -266,7 +267,23 @@ class TaskProcessor:
                 self._running[delivery] = running
             self.window.wake()
             try:
-                handler(_task_message(envelope, receive_count))
+                traceparent = envelope.get("traceparent")
+                if traceparent and tracing.active():
+                    with tracing.span(
+                        f"worker.run {task}",
+                        traceparent=traceparent,
+                        kind=tracing.SpanKind.CONSUMER,
+                        attributes={
+                            "messaging.operation.type": "process",
+                            "messaging.destination.name": envelope.get("destination"),
+                            "hubdommed.task": task,
+                            "hubdommed.run_id": lease.run_id,
+                            "hubdommed.attempt": receive_count,
+                        },
+                    ):
+                        handler(_task_message(envelope, receive_count))
+                else:
+                    handler(_task_message(envelope, receive_count))
             finally:
                 with self._claims_lock:
                     abandoned = self._running.pop(delivery, None) is None
@@ -290,7 +307,13 @@ class TaskProcessor:
         metrics.TASK_RUN_DURATION.labels(task=task).observe(duration)
         logger.info(
             "task run finished",
-            extra={"task": task, "outcome": outcome.metric, "duration": round(duration, 6)},
+            extra={
+                "task": task,
+                "outcome": outcome.metric,
+                "duration": round(duration, 6),
+                # The run's trace (its span is over by now), while tracing is on.
+                "trace_id": tracing.trace_id_of(envelope.get("traceparent")),
+            },
         )
 
     # -- time limits (the bookkeeping thread) ----------------------------------------------

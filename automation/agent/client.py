@@ -1,8 +1,18 @@
-"""The hub's worker API, as the automation worker calls it (HTTP, worker credential)."""
+"""The hub's worker API, as the automation worker calls it (HTTP, worker credential).
+
+A request made for a job (``for_job``) carries the job's ids to the hub: its correlation id
+as ``X-Request-ID`` (the hub's log lines of a claim, a heartbeat or a report carry the id
+of the request that created the job) and its trace as ``traceparent`` (the current span's
+while tracing is on here, else the job's own, from its message or the poll), so that the
+hub's spans of the claim and the report join the job's trace.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,7 +20,44 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
+from common import tracing
+
 logger = logging.getLogger("hubdommed.agent")
+
+
+@dataclass(frozen=True)
+class JobIds:
+    """What the job's message told of it: the ids its requests and log lines carry."""
+
+    correlation_id: str | None = None
+    tenant_id: int | None = None
+    traceparent: str | None = None
+
+
+# The job the current thread's requests are for (``for_job``).
+_job_ids: ContextVar[JobIds | None] = ContextVar("agent_job_ids", default=None)
+
+
+@contextmanager
+def for_job(ids: JobIds | None) -> Iterator[None]:
+    """The requests made in the block, by this thread, carry the job's ids."""
+    token = _job_ids.set(ids)
+    try:
+        yield
+    finally:
+        _job_ids.reset(token)
+
+
+def _headers() -> dict[str, str] | None:
+    ids = _job_ids.get()
+    headers: dict[str, str] = {}
+    tracing.inject(headers)
+    if ids is not None:
+        if ids.traceparent and "traceparent" not in headers:
+            headers["traceparent"] = ids.traceparent
+        if ids.correlation_id:
+            headers["X-Request-ID"] = ids.correlation_id
+    return headers or None
 
 
 class HubError(Exception):
@@ -72,8 +119,9 @@ class HubClient:
             max_concurrency=int(automation["max_concurrency"]),
         )
 
-    def pending_jobs(self, *, limit: int = 20) -> list[int]:
-        return [job["id"] for job in self._call("GET", "/worker/jobs", params={"limit": limit})]
+    def pending_jobs(self, *, limit: int = 20) -> list[dict[str, Any]]:
+        """The automation's pending jobs, oldest first: ``{"id", "created_at", "traceparent"}``."""
+        return list(self._call("GET", "/worker/jobs", params={"limit": limit}))
 
     def claim(self, job_id: int) -> dict[str, Any]:
         job = self._call("POST", f"/jobs/{job_id}/start", refusal=ClaimRefused)
@@ -101,7 +149,7 @@ class HubClient:
     def _call(self, method: str, path: str, *, refusal=HubError, **kwargs: Any) -> Any:
         try:
             response = self.session.request(
-                method, self.base_url + path, timeout=self.timeout, **kwargs
+                method, self.base_url + path, timeout=self.timeout, headers=_headers(), **kwargs
             )
         except requests.RequestException as exc:
             raise HubError(f"{method} {path}: hub unreachable: {exc}") from exc

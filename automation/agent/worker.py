@@ -14,6 +14,12 @@ budget is spent and leaves the outcome on disk, which the next worker on the mac
 reports before anything else. A 401 means the credential was rotated: the worker stops
 taking jobs and exits (keeping any outcome on disk), so that its machine's provider
 starts one with the new credential.
+
+A job learnt of from its message comes with the ids of the request that created it (its
+correlation id, tenant and trace: ``JobIds``): the worker's log lines about the job carry
+them, and so do its requests to the hub for it (claim, heartbeats, report), so that the
+job is one trace from the request that created it to the report that ended it. A job
+found by the poll alone comes with its trace only (the poll's answer carries it).
 """
 
 from __future__ import annotations
@@ -22,14 +28,24 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 
-from automation.agent.client import AutomationInfo, ClaimRefused, HubClient, HubError
+from automation.agent.client import (
+    AutomationInfo,
+    ClaimRefused,
+    HubClient,
+    HubError,
+    JobIds,
+    for_job,
+)
 from automation.agent.executor import Outcome, run_claimed_job
 from automation.agent.spool import OutcomeSpool, Report
 from broker.consume import BadMessage
+from common import tracing
+from common.context import log_context
 from lifecycle import Backoff
 
 logger = logging.getLogger("hubdommed.agent")
@@ -77,14 +93,19 @@ class AutomationWorker:
         self._slots = threading.BoundedSemaphore(automation.max_concurrency)
         self._candidates: queue.Queue[int] = queue.Queue()
         self._queued: set[int] = set()
+        # What the messages told of the jobs offered and not claimed yet.
+        self._ids: dict[int, JobIds] = {}
         self._queued_lock = threading.Lock()
         self._running: dict[int, threading.Thread] = {}
         self._last_activity = time.monotonic()
 
     # -- what the queue consumer calls -----------------------------------------------------
-    def offer(self, job_id: int) -> None:
+    def offer(self, job_id: int, ids: JobIds | None = None) -> None:
         """A job may be waiting: try to claim it soon (duplicates are ignored)."""
         with self._queued_lock:
+            if ids is not None and (job_id not in self._ids or ids.correlation_id):
+                # The message's ids (correlation id, tenant, trace) over the poll's (trace).
+                self._ids[job_id] = ids
             if job_id in self._queued or job_id in self._running:
                 return
             self._queued.add(job_id)
@@ -142,9 +163,9 @@ class AutomationWorker:
         finally:
             self._gone(job_id)
 
-    def _start(self, job_id: int, target, arg, *, name: str) -> None:
+    def _start(self, job_id: int, target, *args, name: str) -> None:
         # ``_running`` holds the threads of the jobs this worker has in hand: _drain waits for them.
-        thread = threading.Thread(target=target, args=(arg,), name=name)
+        thread = threading.Thread(target=target, args=args, name=name)
         with self._queued_lock:
             self._running[job_id] = thread
         thread.start()
@@ -156,15 +177,16 @@ class AutomationWorker:
 
     def poll_once(self) -> int:
         try:
-            job_ids = self.client.pending_jobs(limit=max(20, self.automation.max_concurrency * 4))
+            jobs = self.client.pending_jobs(limit=max(20, self.automation.max_concurrency * 4))
         except HubError as exc:
             if exc.credential_refused:
                 self._refused(exc)
             logger.warning("poll failed, will try again: %s", exc)
             return 0
-        for job_id in job_ids:
-            self.offer(job_id)
-        return len(job_ids)
+        for job in jobs:
+            traceparent = job.get("traceparent") or None
+            self.offer(job["id"], JobIds(traceparent=traceparent) if traceparent else None)
+        return len(jobs)
 
     def claim_next(self, *, timeout: float) -> bool:
         """One step: take a candidate, wait for a free slot, claim it. True if it claimed."""
@@ -174,11 +196,21 @@ class AutomationWorker:
             return False
         with self._queued_lock:
             self._queued.discard(job_id)
+            ids = self._ids.pop(job_id, None) or JobIds()
         while not self._slots.acquire(timeout=0.5):
             if self.shutdown.is_set():
                 return False
+        with _about(job_id, ids):
+            return self._claim(job_id, ids)
+
+    def _claim(self, job_id: int, ids: JobIds) -> bool:
         try:
-            job = self.client.claim(job_id)
+            with tracing.maybe_span(
+                "agent.claim",
+                traceparent=ids.traceparent,
+                attributes={"hubdommed.job_id": job_id},
+            ):
+                job = self.client.claim(job_id)
         except ClaimRefused as exc:
             self._slots.release()
             self.stats.refused += 1
@@ -192,21 +224,32 @@ class AutomationWorker:
             return False
         self.stats.claimed += 1
         self._last_activity = time.monotonic()
-        self._start(job_id, self._run_job, job, name=f"job-{job_id}")
+        self._start(job_id, self._run_job, job, ids, name=f"job-{job_id}")
         return True
 
-    def _run_job(self, job: dict) -> None:
+    def _run_job(self, job: dict, ids: JobIds) -> None:
         job_id = job["id"]
         try:
-            outcome = run_claimed_job(
-                self.client,
-                job=job,
-                command=self.automation.command,
-                timeout_seconds=self.automation.timeout_seconds,
-                heartbeat_interval=self._heartbeat_interval(job),
-                stopping=self.stopping_jobs,
-            )
-            self._report(job, outcome)
+            with (
+                _about(job_id, ids),
+                tracing.maybe_span(
+                    "agent.job",
+                    traceparent=ids.traceparent,
+                    attributes={
+                        "hubdommed.job_id": job_id,
+                        "hubdommed.attempt": job.get("attempt"),
+                    },
+                ),
+            ):
+                outcome = run_claimed_job(
+                    self.client,
+                    job=job,
+                    command=self.automation.command,
+                    timeout_seconds=self.automation.timeout_seconds,
+                    heartbeat_interval=self._heartbeat_interval(job),
+                    stopping=self.stopping_jobs,
+                )
+                self._report(job, outcome, ids)
         except Exception as exc:  # a bug here must not kill the worker or leak the slot
             logger.exception("job %s: unexpected error in the worker", job_id)
             self.stats.errors.append(f"{job_id}: {exc}")
@@ -214,11 +257,11 @@ class AutomationWorker:
             self._gone(job_id)
             self._slots.release()
 
-    def _report(self, job: dict, outcome: Outcome) -> None:
+    def _report(self, job: dict, outcome: Outcome, ids: JobIds) -> None:
         if outcome.claim_lost:
             self.stats.lost += 1
             return
-        report = report_of(job, outcome)
+        report = report_of(job, outcome, ids)
         if self.spool is not None:
             # Before the first attempt: from now on a crash or a stop cannot lose it.
             self.spool.put(report)
@@ -231,6 +274,21 @@ class AutomationWorker:
         stop budget is spent (the outcome stays on disk). A refusal is final: the outcome
         leaves the disk, except a refused credential's (the next worker reports it).
         """
+        ids = _ids_of_report(report)
+        # The job's span, when this thread runs it; else (an outcome kept on disk by an
+        # earlier worker) a span of the report's own in the job's trace.
+        in_job = tracing.current_traceparent() is not None
+        with (
+            _about(int(report["job_id"]), ids),
+            tracing.maybe_span(
+                "agent.report",
+                traceparent=None if in_job else ids.traceparent,
+                attributes={"hubdommed.job_id": report["job_id"], "hubdommed.kind": report["kind"]},
+            ),
+        ):
+            return self._send_report(report)
+
+    def _send_report(self, report: Report) -> bool:
         job_id, token, kind = int(report["job_id"]), str(report["claim_token"]), report["kind"]
         send = self.client.complete if kind == "complete" else self.client.fail
         backoff = Backoff(0.5, self.report_backoff_cap, jitter=True)
@@ -318,8 +376,19 @@ class AutomationWorker:
                 thread.join(30)
 
 
-def report_of(job: dict, outcome: Outcome) -> Report:
-    """The request that reports ``outcome`` of the claimed ``job``, as kept on disk."""
+@contextmanager
+def _about(job_id: int, ids: JobIds) -> Iterator[None]:
+    """The block's log lines and requests to the hub carry the job's ids."""
+    with (
+        log_context(correlation_id=ids.correlation_id, job_id=job_id, tenant_id=ids.tenant_id),
+        for_job(ids),
+    ):
+        yield
+
+
+def report_of(job: dict, outcome: Outcome, ids: JobIds | None = None) -> Report:
+    """The request that reports ``outcome`` of the claimed ``job``, as kept on disk (with
+    the job's ids, for the next worker's report of it)."""
     if outcome.succeeded:
         body = {
             "result": {"exit_code": outcome.exit_code},
@@ -334,12 +403,15 @@ def report_of(job: dict, outcome: Outcome) -> Report:
             "output_tail": outcome.output_tail,
             "exit_code": outcome.exit_code,
         }
-    return {
+    report: Report = {
         "job_id": int(job["id"]),
         "claim_token": str(job["claim_token"]),
         "kind": "complete" if outcome.succeeded else "fail",
         "body": body,
     }
+    if ids is not None and ids != JobIds():
+        report["ids"] = {key: value for key, value in asdict(ids).items() if value is not None}
+    return report
 
 
 class JobOfferProcessor:
@@ -358,12 +430,13 @@ class JobOfferProcessor:
             if not mine:
                 return
             try:
-                job_id = delivery.envelope["payload"]["job_id"]
+                envelope = delivery.envelope
+                job_id = envelope["payload"]["job_id"]
             except (BadMessage, KeyError, TypeError):
                 logger.warning("dropping a message that names no job: %r", delivery.body[:200])
             else:
                 if isinstance(job_id, int):
-                    self.worker.offer(job_id)
+                    self.worker.offer(job_id, _ids_of(envelope))
             self.consumer.ack(delivery)
 
     def released(self, delivery) -> None:
@@ -371,3 +444,30 @@ class JobOfferProcessor:
 
     def thread_done(self) -> None:
         """No per-thread resources (no database)."""
+
+
+def _ids_of(envelope: dict) -> JobIds:
+    """The ids of the request that created the job, from its message's envelope."""
+    correlation_id, tenant = envelope.get("correlation_id"), envelope.get("tenant")
+    traceparent = envelope.get("traceparent")
+    return JobIds(
+        correlation_id=correlation_id
+        if isinstance(correlation_id, str) and correlation_id
+        else None,
+        tenant_id=tenant if isinstance(tenant, int) and not isinstance(tenant, bool) else None,
+        traceparent=traceparent if isinstance(traceparent, str) and traceparent else None,
+    )
+
+
+def _ids_of_report(report: Report) -> JobIds:
+    """The job's ids kept with its outcome (none from an older worker's, or a damaged one)."""
+    ids = report.get("ids")
+    if not isinstance(ids, dict):
+        return JobIds()
+    return _ids_of(
+        {
+            "correlation_id": ids.get("correlation_id"),
+            "tenant": ids.get("tenant_id"),
+            "traceparent": ids.get("traceparent"),
+        }
+    )

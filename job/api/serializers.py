@@ -128,7 +128,7 @@ class PollFilters(serializers.Serializer):
 class PendingJobOutput(serializers.ModelSerializer):
     class Meta:
         model = Job
-        fields = ("id", "created_at")
+        fields = ("id", "created_at", "traceparent")
         read_only_fields = fields
 
 
@@ -153,6 +153,7 @@ class ClaimedJobOutput(serializers.ModelSerializer):
             "started_at",
             "last_heartbeat_at",
             "finished_at",
+            "traceparent",
         )
         read_only_fields = fields
 

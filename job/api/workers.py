@@ -16,7 +16,9 @@ from rest_framework.views import APIView
 from automation.authentication import WorkerAuthentication
 from automation.permissions import IsWorker
 from automation.services import worker_seen
+from common import tracing
 from common.api import validated
+from common.context import bind_log_ids
 from common.errors import Conflict
 from common.middleware import log_quietly
 from common.schema import change_schema, error_response
@@ -48,6 +50,22 @@ _REPORT_CONFLICTS = error_response(
 class WorkerApi(APIView):
     authentication_classes = [WorkerAuthentication]
     permission_classes = [IsWorker]
+
+    def initial(self, request, *args, **kwargs):
+        # The request's log lines and span name the job (the worker sends the job's own
+        # correlation id and trace with its requests: automation.agent.client).
+        job_id = kwargs.get("job_id")
+        if job_id is not None:
+            bind_log_ids(job_id=job_id)
+            tracing.annotate(job_id=job_id)
+        super().initial(request, *args, **kwargs)
+
+
+def _answer(serializer, job) -> Response:
+    """The job, with its tenant bound to the request's remaining log lines and span."""
+    bind_log_ids(tenant_id=job.tenant_id)
+    tracing.annotate(tenant_id=job.tenant_id, job_status=str(job.status))
+    return Response(serializer(job).data)
 
 
 class WorkerJobPollApi(WorkerApi):
@@ -85,7 +103,7 @@ class JobStartApi(WorkerApi):
     )
     def post(self, request, job_id: int):
         job = job_claim(worker=request.user, job_id=job_id)
-        return Response(ClaimedJobOutput(job).data)
+        return _answer(ClaimedJobOutput, job)
 
     def handle_exception(self, exc):
         response = super().handle_exception(exc)
@@ -112,7 +130,7 @@ class _JobReportApi(WorkerApi):
     def post(self, request, job_id: int):
         data = validated(self.report_input, request.data)
         job = self.report(worker=request.user, job_id=job_id, **data)
-        return Response(self.answer(job).data)
+        return _answer(self.answer, job)
 
 
 @extend_schema_view(

@@ -16,9 +16,9 @@ class RecordingHub:
         self.pending: list[int] = []
         self.reports: dict[int, str] = {}
 
-    def pending_jobs(self, *, limit: int) -> list[int]:
+    def pending_jobs(self, *, limit: int) -> list[dict]:
         self.calls.append("poll")
-        return list(self.pending)
+        return [{"id": job_id, "traceparent": ""} for job_id in self.pending]
 
     def claim(self, job_id: int) -> dict:
         self.calls.append(f"claim {job_id}")

@@ -224,10 +224,16 @@ def test_the_relay_line_and_the_task_run_line_share_the_post_s_request_id(json_l
         for line in relay.json_lines()
     )
     # And the API's line of the POST itself, in this process (the live server).
-    (post_line,) = [
+    http_lines = [
         line
         for line in json_lines.json()
         if line["logger"] == "hubdommed.http" and line.get("correlation_id") == request_id
     ]
+    (post_line,) = [line for line in http_lines if line["path"] == "/api/v1/jobs"]
     assert post_line["method"] == "POST" and post_line["status"] == 201
+    # The automation worker's claim and report carry the job's request id (and its job_id).
+    claim_lines = [line for line in http_lines if line["path"].endswith("/start")]
+    report_lines = [line for line in http_lines if line["path"].endswith("/complete")]
+    assert claim_lines and report_lines, http_lines
+    assert all(line.get("job_id") for line in [*claim_lines, *report_lines])
     assert post_line["tenant_id"]
