@@ -248,3 +248,35 @@ def test_the_failing_filter_lists_active_endpoints_whose_attempts_fail(
     response = admin_site.get(ENDPOINTS, {"health": "failing"})
 
     assert {e.pk for e in response.context["cl"].result_list} == {failing.pk}
+
+
+def test_a_deliver_run_whose_attempt_failed_shows_the_attempt_not_succeeded(
+    admin_site, make_endpoint, receiver, tenant
+):
+    """The task succeeds whatever the receiver answered (the delivery retries on its own):
+    its run shows what the attempt got and where its delivery stands."""
+    from outbox.models import TaskRun
+    from tests.webhook.conftest import Reply, due_deliver_runs, run_attempt
+    from tests.webhook.test_delivery import complete_a_job
+
+    make_endpoint(receiver.url)
+    complete_a_job(tenant)
+    receiver.script(Reply(500))
+    (row,) = due_deliver_runs()
+    # As the worker runs it: started, the attempt, succeeded.
+    started = timezone.now()
+    run_attempt(row)
+    TaskRun.objects.filter(run_id=row.run_id).update(
+        status="succeeded", started_at=started, finished_at=timezone.now()
+    )
+    delivery = WebhookDelivery.objects.get()
+
+    listing = admin_site.get("/admin/outbox/taskrun/", {"task": "webhook.deliver"})
+    page = admin_site.get(f"/admin/outbox/taskrun/{row.run_id}/change/")
+
+    for html in (listing.content.decode(), page.content.decode()):
+        assert (
+            f'<a class="not-delivered" href="{DELIVERIES}{delivery.pk}/change/">'
+            f"delivery {delivery.pk} pending: attempt 1 failed (HTTP 500)</a>"
+        ) in html
+    assert '<span class="run-succeeded">succeeded</span>' not in listing.content.decode()
