@@ -30,7 +30,9 @@ class DeadLetterCounts:
     unavailable: str = ""
 
 
-def dead_letters_waiting(*, timeout: float = TIMEOUT) -> DeadLetterCounts:
+def dead_letters_waiting(*, timeout: float | None = None) -> DeadLetterCounts:
+    """Each queue class's dead letters waiting, within ``timeout`` seconds (``TIMEOUT``)."""
+    timeout = TIMEOUT if timeout is None else timeout
     found: dict[str, int] = {}
     failure: list[str] = []
 

@@ -191,7 +191,7 @@ def test_two_operators_requeueing_one_run_at_once_requeue_it_once():
 
 @pytest.mark.parametrize("tenanted", [False, True], ids=["platform", "tenant"])
 def test_outbox_rows_say_sent_or_why_not_yet_in_words_not_a_red_cross(admin_site, tenant, tenanted):
-    _, sent = sent_run(
+    sent_run(
         "machines.power_on" if tenanted else "maintenance.purge",
         status=TaskRun.Status.SUCCEEDED,
         tenant=tenant if tenanted else None,
