@@ -201,6 +201,9 @@ class HubAdminSite(admin.AdminSite):
     index_title = "Operations"
     site_url = reverse_lazy("api-docs")
     index_template = "admin/console_index.html"
+    # The lists' columns need the width more than the models' menu does, which the
+    # breadcrumbs and the front page give anyway.
+    enable_nav_sidebar = False
 
     def index(self, request, extra_context=None):
         now = timezone.now()

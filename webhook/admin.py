@@ -218,8 +218,7 @@ class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
         "status",
         "way_forward",
         "attempts",
-        "last_status_code",
-        "last_latency_ms",
+        "last_answer",
         "created_shown",
         "job",
     )
@@ -274,6 +273,15 @@ class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
             return "—"
         url = reverse("admin:job_job_change", args=[obj.job_id])
         return format_html('<a href="{}">job {}</a>', url, obj.job_id)
+
+    @admin.display(description="last answer")
+    def last_answer(self, obj: WebhookDelivery) -> str:
+        """The last attempt's HTTP status and time (its error when nothing answered)."""
+        if not obj.attempts:
+            return "—"
+        if obj.last_status_code is None:
+            return f"no answer ({obj.last_latency_ms} ms)"
+        return f"HTTP {obj.last_status_code} ({obj.last_latency_ms} ms)"
 
     @admin.display(description="created", ordering="created_at")
     def created_shown(self, obj: WebhookDelivery) -> str:
