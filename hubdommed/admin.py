@@ -55,9 +55,18 @@ def _since(moment_: datetime | None) -> str:
     return f"{age(moment_)} ago, since {moment(moment_)}" if moment_ else ""
 
 
-def console_sections(request, now: datetime) -> list[tuple[str, list[Figure]]]:
+@dataclass
+class Section:
+    """A box of the console: its title leads to the page of the whole subject."""
+
+    title: str
+    url: str
+    figures: list[Figure]
+
+
+def console_sections(request, now: datetime) -> list[Section]:
     user = request.user
-    sections: list[tuple[str, list[Figure]]] = []
+    sections: list[Section] = []
 
     if user.has_perm("outbox.view_outboxmessage") or user.has_perm(
         "outbox.view_platformoutboxmessage"
@@ -82,13 +91,14 @@ def console_sections(request, now: datetime) -> list[tuple[str, list[Figure]]]:
                     ),
                 )
             )
-        sections.append(("Outbox backlog", figures))
+        sections.append(Section("Outbox backlog", "", figures))
 
     if user.has_perm("outbox.view_taskrun"):
         failing = task_runs_failing()
         sections.append(
-            (
+            Section(
                 "Task runs",
+                _url("outbox_taskrun_changelist"),
                 [
                     Figure(
                         label=f"runs {status}",
@@ -123,7 +133,7 @@ def console_sections(request, now: datetime) -> list[tuple[str, list[Figure]]]:
                 )
                 for queue, waiting in counted.waiting.items()
             ]
-        sections.append(("Dead letters", letters))
+        sections.append(Section("Dead letters", _url("dead-letters"), letters))
 
         beats = heartbeats_last()
         daemons = []
@@ -143,13 +153,14 @@ def console_sections(request, now: datetime) -> list[tuple[str, list[Figure]]]:
                     detail=f"last heartbeat {moment(last)}" if last else "no heartbeat recorded",
                 )
             )
-        sections.append(("Daemons' last heartbeat", daemons))
+        sections.append(Section("Daemons' last heartbeat", "", daemons))
 
     if user.has_perm("webhook.view_webhookendpoint"):
         health = endpoints_health()
         sections.append(
-            (
+            Section(
                 "Webhook endpoints",
+                _url("webhook_webhookendpoint_changelist"),
                 [
                     Figure(
                         label="endpoints failing",
@@ -172,8 +183,9 @@ def console_sections(request, now: datetime) -> list[tuple[str, list[Figure]]]:
     if user.has_perm("schedule.view_schedule"):
         count, shown = schedules_paused()
         sections.append(
-            (
+            Section(
                 "Schedules",
+                _url("schedule_schedule_changelist"),
                 [
                     Figure(
                         label="schedules paused",

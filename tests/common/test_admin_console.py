@@ -146,6 +146,8 @@ def test_each_figure_counts_what_its_link_lists(admin_site, rabbitmq, tenant, pl
     assert "2 due" not in page and "1 due; the oldest waits 30" in page
     assert re.search(r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page)
     assert f'href="/admin/schedule/schedule/{schedule.pk}/change/">nightly export: ' in page
+    # A box's title leads to the whole subject's page.
+    assert '<a class="section" href="/admin/dead-letters/">Dead letters</a>' in page
     # Nothing to look at is not an alarm; a count above zero is.
     assert re.search(r'class="console-figure alarming" data-label="runs failed"', page)
     assert re.search(r'class="console-figure" data-label="default dead letters"', page)
