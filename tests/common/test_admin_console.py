@@ -238,3 +238,25 @@ def test_staff_see_only_the_figures_of_what_they_may_view(client):
     shown = figures(client.get("/admin/"))
 
     assert set(shown) == {"runs failed", "runs retrying"}
+
+
+def test_a_daemons_cycle_is_its_heartbeat_on_the_console(admin_site):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    call_command("watch_stuck_jobs", "--once", stdout=StringIO())
+
+    assert figures(admin_site.get("/admin/"))["monitor"][0] == "0\xa0minutes ago"
+
+
+def test_a_heartbeat_with_redis_away_costs_the_daemon_nothing_but_the_record(settings):
+    from common.heartbeats import heartbeats_last
+
+    caches = {alias: dict(config) for alias, config in settings.CACHES.items()}
+    caches["default"]["LOCATION"] = f"redis://127.0.0.1:{free_port()}/0"
+    settings.CACHES = caches
+
+    Heartbeat("relay").beat()  # does not raise
+
+    assert heartbeats_last() is None
