@@ -155,6 +155,31 @@ def age(moment: datetime | None) -> str:
     return timesince(moment) if moment else "—"
 
 
+def moment(value: datetime | None) -> str:
+    """A time to the second with its zone, as the console shows every time
+    ("2026-12-02 10:04:05 UTC")."""
+    if value is None:
+        return "—"
+    return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S %Z")
+
+
+def duration(start: datetime | None, end: datetime | None) -> str:
+    """How long from ``start`` to ``end`` ("1 h 02 min 05 s", "0.4 s"); "—" without a start."""
+    if start is None or end is None:
+        return "—"
+    seconds = max((end - start).total_seconds(), 0.0)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min {secs:02d} s"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"
+
+
 def pretty_json(value: Any) -> str:
     """A JSON value as an indented block on a read-only page."""
     return format_html("<pre>{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))

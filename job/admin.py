@@ -1,20 +1,45 @@
 """Jobs in the operators' console: find the stuck and the failed, cancel through the service.
 
 Jobs change only through ``job.services`` (which records their events): the pages are
-read-only and the one change offered, cancelling, is an action that calls ``job_cancel``.
+read-only and the one change offered, cancelling, goes through ``job_cancel``, as an
+action on the list or the Cancel button of a job's page. A job's page links to what it
+caused (its events, its task runs, its webhook deliveries) and to what started it (a
+schedule's due time); the modules above the jobs add their links (``job_page_links``).
+There is no re-run: no service starts a finished job again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib import admin, messages
-from django.urls import reverse
-from django.utils.html import format_html
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from common.admin import ReadOnlyAdmin, age, age_filter, pretty_json
+from common.admin import ReadOnlyAdmin, age, age_filter, duration, moment, pretty_json
 from common.errors import DomainError
 from job.models import Job
 from job.services import job_cancel
+from outbox.console import job_correlation_id
+
+# Links of a job's page given by the modules above the jobs (webhook deliveries, the
+# schedule that started it): each takes the job's id and gives HTML links.
+JobLinks = Callable[[int], list[str]]
+JOB_PAGE_LINKS: list[JobLinks] = []
+
+
+def job_page_links(links: JobLinks) -> JobLinks:
+    JOB_PAGE_LINKS.append(links)
+    return links
+
+
+def _change_url(name: str, pk) -> str:
+    return reverse(f"admin:{name}_change", args=[pk])
 
 
 @admin.register(Job)
@@ -23,12 +48,12 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         "id",
         "automation",
         "tenant",
-        "status",
+        "status_shown",
         "attempt",
         "failure_reason",
-        "created_at",
+        "created_shown",
         "waited",
-        "finished_at",
+        "finished_shown",
     )
     list_filter = ("status", age_filter("created_at"), "automation", "tenant", "failure_reason")
     list_select_related = ("automation", "tenant")
@@ -36,18 +61,21 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     # Counting a long history on every page is slow; the pages do not need it.
     show_full_result_count = False
     actions = ("cancel",)
+    change_form_template = "admin/job/job/change_form.html"
     fieldsets = (
         (
             None,
             {
                 "fields": (
                     "id",
-                    "tenant",
-                    "automation",
+                    "status_shown",
+                    "tenant_link",
+                    "automation_link",
                     "requested_by",
-                    "status",
+                    "started_by",
                     "attempt",
-                    "events",
+                    "correlation_id",
+                    "links",
                 )
             },
         ),
@@ -56,12 +84,14 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
             "Execution",
             {
                 "fields": (
-                    "created_at",
-                    "started_at",
-                    "last_heartbeat_at",
-                    "lease_expires_at",
-                    "cancel_requested_at",
-                    "finished_at",
+                    "created_shown",
+                    "started_shown",
+                    "last_heartbeat_shown",
+                    "lease_expires_shown",
+                    "cancel_requested_shown",
+                    "finished_shown",
+                    "took",
+                    "claim_token",
                     "progress_json",
                 )
             },
@@ -71,48 +101,155 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
             {
                 "fields": (
                     "failure_reason",
-                    "error",
+                    "error_text",
                     "exit_code",
                     "result_json",
-                    "output_tail",
+                    "output_text",
                 )
             },
         ),
     )
     readonly_fields = (
-        "events",
         "id",
-        "tenant",
-        "automation",
+        "status_shown",
+        "tenant_link",
+        "automation_link",
         "requested_by",
-        "status",
+        "started_by",
         "attempt",
+        "correlation_id",
+        "links",
         "params_json",
         "idempotency_key",
-        "created_at",
-        "started_at",
-        "last_heartbeat_at",
-        "lease_expires_at",
-        "cancel_requested_at",
-        "finished_at",
+        "created_shown",
+        "started_shown",
+        "last_heartbeat_shown",
+        "lease_expires_shown",
+        "cancel_requested_shown",
+        "finished_shown",
+        "took",
+        "claim_token",
         "progress_json",
         "failure_reason",
-        "error",
+        "error_text",
         "exit_code",
         "result_json",
-        "output_tail",
+        "output_text",
     )
+
+    def get_urls(self):
+        cancel = path(
+            "<int:object_id>/cancel/",
+            self.admin_site.admin_view(self.cancel_view),
+            name="job_job_cancel",
+        )
+        return [cancel, *super().get_urls()]
+
+    # --- the list -----------------------------------------------------------------------
+
+    @admin.display(description="status", ordering="status")
+    def status_shown(self, job: Job) -> str:
+        """A running job asked to stop says so: it stays running until its worker stops it."""
+        if job.status == Job.Status.RUNNING and job.cancel_requested_at is not None:
+            return format_html(
+                '<span class="job-canceling">running, cancel requested {}</span>',
+                moment(job.cancel_requested_at),
+            )
+        return format_html('<span class="job-{}">{}</span>', job.status, job.status)
 
     @admin.display(description="age")
     def waited(self, job: Job) -> str:
         return age(job.created_at)
 
-    @admin.display(description="events")
-    def events(self, job: Job) -> str:
-        """The job's trail, in the events' list."""
-        url = reverse("admin:outbox_event_changelist")
-        query = urlencode({"aggregate_type": "Job", "q": str(job.pk)})
-        return format_html('<a href="{}?{}">its events</a>', url, query)
+    @admin.display(description="created", ordering="created_at")
+    def created_shown(self, job: Job) -> str:
+        return moment(job.created_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished_shown(self, job: Job) -> str:
+        return moment(job.finished_at)
+
+    # --- the page -----------------------------------------------------------------------
+
+    @admin.display(description="tenant")
+    def tenant_link(self, job: Job) -> str:
+        url = _change_url("identity_tenant", job.tenant_id)
+        return format_html('<a href="{}">{}</a> (id {})', url, job.tenant, job.tenant_id)
+
+    @admin.display(description="automation")
+    def automation_link(self, job: Job) -> str:
+        url = _change_url("automation_automation", job.automation_id)
+        return format_html('<a href="{}">{}</a> (id {})', url, job.automation, job.automation_id)
+
+    @admin.display(description="started by")
+    def started_by(self, job: Job) -> str:
+        """Who asked for it, or what started it (a schedule's due time)."""
+        if job.triggered_by:
+            return pretty_json(job.triggered_by)
+        return "a request" if job.requested_by_id else "—"
+
+    @admin.display(description="correlation id")
+    def correlation_id(self, job: Job) -> str:
+        """The id of the request that created it: its log lines and messages carry it."""
+        correlation = job_correlation_id(job.pk)
+        if not correlation:
+            return "—"
+        url = reverse("admin:outbox_taskrun_changelist")
+        return format_html(
+            '<code>{}</code> (<a href="{}?{}">its task runs</a>)',
+            correlation,
+            url,
+            urlencode({"q": correlation}),
+        )
+
+    @admin.display(description="links")
+    def links(self, job: Job) -> str:
+        """What the job caused and what started it."""
+        events = reverse("admin:outbox_event_changelist")
+        runs = reverse("admin:outbox_taskrun_changelist")
+        own = [
+            format_html(
+                '<a href="{}?{}">its events</a>',
+                events,
+                urlencode({"aggregate_type": "Job", "q": str(job.pk)}),
+            ),
+            format_html('<a href="{}?{}">its task runs</a>', runs, urlencode({"job": job.pk})),
+        ]
+        given = [link for links in JOB_PAGE_LINKS for link in links(job.pk)]
+        return format_html_join(" · ", "{}", ((link,) for link in [*own, *given]))
+
+    @admin.display(description="started")
+    def started_shown(self, job: Job) -> str:
+        return moment(job.started_at)
+
+    @admin.display(description="last heartbeat")
+    def last_heartbeat_shown(self, job: Job) -> str:
+        return moment(job.last_heartbeat_at)
+
+    @admin.display(description="lease expires")
+    def lease_expires_shown(self, job: Job) -> str:
+        return moment(job.lease_expires_at)
+
+    @admin.display(description="cancel requested")
+    def cancel_requested_shown(self, job: Job) -> str:
+        return moment(job.cancel_requested_at)
+
+    @admin.display(description="duration")
+    def took(self, job: Job) -> str:
+        """From its start to its end; a running job's so far."""
+        if job.started_at is None:
+            return "—"
+        if job.finished_at is None:
+            return f"{duration(job.started_at, timezone.now())} so far"
+        return duration(job.started_at, job.finished_at)
+
+    @admin.display(description="error")
+    def error_text(self, job: Job) -> str:
+        return format_html('<pre class="error-text">{}</pre>', job.error or "—")
+
+    @admin.display(description="output tail")
+    def output_text(self, job: Job) -> str:
+        return format_html('<pre class="output-text">{}</pre>', job.output_tail or "—")
 
     @admin.display(description="params")
     def params_json(self, job: Job) -> str:
@@ -126,14 +263,38 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     def result_json(self, job: Job) -> str:
         return pretty_json(job.result)
 
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        context["cancel_offered"] = (
+            obj is not None
+            and not obj.is_finished
+            and not obj.cancel_requested
+            and self.has_cancel_permission(request)
+        )
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    # --- cancelling ---------------------------------------------------------------------
+
     def has_cancel_permission(self, request) -> bool:
         return self.may_operate(request)
+
+    def cancel_view(self, request, object_id: int):
+        """The Cancel button of a job's page (a POST), through the same service."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_cancel_permission(request):
+            raise PermissionDenied
+        job = get_object_or_404(Job, pk=object_id)
+        self._cancel_each(request, [(job.pk, job.tenant_id)])
+        return HttpResponseRedirect(_change_url("job_job", job.pk))
 
     @admin.action(description="Cancel the selected jobs", permissions=["cancel"])
     def cancel(self, request, queryset) -> None:
         """A pending job is canceled at once; a running one's worker is asked to stop."""
+        self._cancel_each(request, queryset.values_list("pk", "tenant_id"))
+
+    def _cancel_each(self, request, jobs) -> None:
         canceled = asked = 0
-        for job_id, tenant_id in queryset.values_list("pk", "tenant_id"):
+        for job_id, tenant_id in jobs:
             try:
                 done = job_cancel(tenant=tenant_id, job_id=job_id, actor=request.user)
             except DomainError as refusal:

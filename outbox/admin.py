@@ -6,13 +6,48 @@ operator may make are actions calling ``outbox.operations`` (send again, requeue
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
+from collections.abc import Callable
 
-from common.admin import ReadOnlyAdmin, age, age_filter, pretty_json
+from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from common.admin import ReadOnlyAdmin, age, age_filter, duration, moment, pretty_json
 from common.errors import DomainError
 from outbox.catalog import get_catalog
+from outbox.console import job_run_ids, run_job_ids, run_payloads
 from outbox.models import Event, OutboxMessage, PlatformOutboxMessage, TaskRun
 from outbox.operations import outbox_send_again, task_run_requeue
+
+# What a task's runs did beyond their status, by task: the apps above the outbox register
+# theirs (``webhook.admin``: a webhook.deliver run succeeds whatever the receiver answered).
+# Each takes the runs and their payloads (by run id) and gives each run's outcome as HTML.
+RunOutcomes = Callable[[list[TaskRun], dict[str, dict]], dict[str, str]]
+TASK_RUN_OUTCOMES: dict[str, RunOutcomes] = {}
+
+
+def task_run_outcome(task: str) -> Callable[[RunOutcomes], RunOutcomes]:
+    def register(shown: RunOutcomes) -> RunOutcomes:
+        TASK_RUN_OUTCOMES[task] = shown
+        return shown
+
+    return register
+
+
+def _outcomes_of(runs: list[TaskRun]) -> dict[str, str]:
+    by_task: dict[str, list[TaskRun]] = {}
+    for run in runs:
+        if run.task in TASK_RUN_OUTCOMES:
+            by_task.setdefault(run.task, []).append(run)
+    if not by_task:
+        return {}
+    payloads = run_payloads([run.run_id for group in by_task.values() for run in group])
+    shown: dict[str, str] = {}
+    for task, group in by_task.items():
+        shown.update(TASK_RUN_OUTCOMES[task](group, payloads))
+    return shown
 
 
 class PendingFilter(admin.SimpleListFilter):
@@ -49,11 +84,11 @@ class OutboxMessageAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         "task",
         "queue",
         "destination",
-        "pending",
+        "state",
         "attempts",
-        "available_at",
+        "available_shown",
         "waited",
-        "sent_at",
+        "sent_shown",
     )
     list_filter = (PendingFilter, "queue", age_filter("created_at"))
     search_fields = ("=run_id",)
@@ -80,9 +115,26 @@ class OutboxMessageAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     def destination(self, row) -> str:
         return str(row.envelope.get("destination", ""))
 
-    @admin.display(description="pending", boolean=True, ordering="sent_at")
-    def pending(self, row) -> bool:
-        return row.sent_at is None
+    @admin.display(description="status", ordering="sent_at")
+    def state(self, row) -> str:
+        """Sent, or why it is not yet: due (the relay's next batch takes it), waiting for
+        its delay, or backing off after the broker refused it."""
+        if row.sent_at is not None:
+            return format_html('<span class="state-sent">{}</span>', "sent")
+        if row.available_at > timezone.now():
+            waits = "backing off" if row.attempts else "delayed"
+            return format_html(
+                '<span class="state-waiting">{}: due {}</span>', waits, moment(row.available_at)
+            )
+        return format_html('<span class="state-pending">{}</span>', "pending: due now")
+
+    @admin.display(description="available at", ordering="available_at")
+    def available_shown(self, row) -> str:
+        return moment(row.available_at)
+
+    @admin.display(description="sent at", ordering="sent_at")
+    def sent_shown(self, row) -> str:
+        return moment(row.sent_at)
 
     @admin.display(description="age")
     def waited(self, row) -> str:
@@ -116,20 +168,42 @@ class PlatformOutboxMessageAdmin(OutboxMessageAdmin):
     pass
 
 
+# Characters of a run's error shown in the list (its page shows all of it).
+ERROR_LINE_CHARS = 300
+
+
+class RunJobFilter(admin.SimpleListFilter):
+    """The runs a job caused (``?job=<id>``, the job's page links here)."""
+
+    title = "job"
+    parameter_name = "job"
+
+    def lookups(self, request, model_admin):
+        # Chosen from a job's page, not from a list of every job.
+        return [(self.value(), f"job {self.value()}")] if self.value() else []
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        try:
+            job_id = int(self.value())
+        except ValueError:
+            raise IncorrectLookupParameters("job: an id is a number") from None
+        return queryset.filter(run_id__in=job_run_ids(job_id))
+
+
 @admin.register(TaskRun)
 class TaskRunAdmin(ReadOnlyAdmin, admin.ModelAdmin):
-    list_display = (
-        "run_id",
-        "task",
+    # The queue is the task's (and a filter), the tenant and the creation are on the run's
+    # page: at 1,400 px the width goes to the id, the outcome and the error, none cut.
+    list_display = ("run_id", "task", "outcome", "receives", "updated_shown", "error_line")
+    list_filter = (
+        TaskFilter,
         "status",
         "queue",
-        "receive_count",
-        "tenant",
-        "created_at",
-        "updated_at",
-        "error_line",
+        age_filter("updated_at", "last change"),
+        RunJobFilter,
     )
-    list_filter = (TaskFilter, "status", "queue", age_filter("updated_at", "last change"))
     list_select_related = ("tenant",)
     search_fields = ("=run_id", "=correlation_id")
     ordering = ("-created_at",)
@@ -141,23 +215,88 @@ class TaskRunAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         "event",
         "queue",
         "tenant",
+        "job",
         "status",
+        "outcome",
         "receive_count",
         "correlation_id",
-        "created_at",
-        "updated_at",
-        "started_at",
-        "finished_at",
+        "created_shown",
+        "updated_shown",
+        "started_shown",
+        "finished_shown",
+        "took",
         "lease_holder",
-        "lease_expires_at",
-        "last_error",
+        "lease_shown",
+        "last_error_text",
     )
     fields = readonly_fields
 
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        # The page's outcomes in a few queries, not a few a row.
+        shown = _outcomes_of(list(changelist.result_list))
+        for run in changelist.result_list:
+            run.outcome_shown = shown.get(str(run.run_id))
+        return changelist
+
+    @admin.display(description="status / outcome", ordering="status")
+    def outcome(self, run: TaskRun) -> str:
+        """The run's status; for a task whose runs succeed whatever came of their work (a
+        webhook attempt), what came of it instead."""
+        if not hasattr(run, "outcome_shown"):
+            run.outcome_shown = _outcomes_of([run]).get(str(run.run_id))
+        if run.outcome_shown is not None and run.status == TaskRun.Status.SUCCEEDED:
+            return run.outcome_shown
+        return format_html('<span class="run-{}">{}</span>', run.status, run.status)
+
+    @admin.display(description="receives", ordering="receive_count")
+    def receives(self, run: TaskRun) -> int:
+        return run.receive_count
+
+    @admin.display(description="job")
+    def job(self, run: TaskRun) -> str:
+        job_id = run_job_ids([run.run_id]).get(str(run.run_id))
+        if job_id is None:
+            return "—"
+        url = reverse("admin:job_job_change", args=[job_id])
+        return format_html('<a href="{}">job {}</a>', url, job_id)
+
+    @admin.display(description="created", ordering="created_at")
+    def created_shown(self, run: TaskRun) -> str:
+        return moment(run.created_at)
+
+    @admin.display(description="last change", ordering="updated_at")
+    def updated_shown(self, run: TaskRun) -> str:
+        return moment(run.updated_at)
+
+    @admin.display(description="started")
+    def started_shown(self, run: TaskRun) -> str:
+        return moment(run.started_at)
+
+    @admin.display(description="finished")
+    def finished_shown(self, run: TaskRun) -> str:
+        return moment(run.finished_at)
+
+    @admin.display(description="took")
+    def took(self, run: TaskRun) -> str:
+        return duration(run.started_at, run.finished_at)
+
+    @admin.display(description="lease expires")
+    def lease_shown(self, run: TaskRun) -> str:
+        return moment(run.lease_expires_at)
+
+    @admin.display(description="last error")
+    def last_error_text(self, run: TaskRun) -> str:
+        return format_html('<pre class="error-text">{}</pre>', run.last_error or "—")
+
     @admin.display(description="last error")
     def error_line(self, run: TaskRun) -> str:
+        """The error's first line, whole (the run's page has the traceback)."""
         first = run.last_error.strip().splitlines()[:1]
-        return first[0][:120] if first else ""
+        if not first:
+            return ""
+        line = first[0] if len(first[0]) <= ERROR_LINE_CHARS else f"{first[0][:ERROR_LINE_CHARS]}…"
+        return format_html('<span class="error-line">{}</span>', line)
 
     def has_requeue_permission(self, request) -> bool:
         return self.may_operate(request)

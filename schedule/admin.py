@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
-from django.utils.html import format_html_join
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from common.admin import DeactivatableAdmin, StorableJSONField, adopt
+from common.admin import DeactivatableAdmin, StorableJSONField, adopt, moment
 from common.errors import DomainError
+from job.admin import job_page_links
 from job.services import job_params_check
+from schedule.console import job_origin
 from schedule.models import Schedule
 from schedule.selectors import schedule_runs
 from schedule.services import (
@@ -52,6 +55,25 @@ class ScheduleAdminForm(forms.ModelForm):
         return cleaned
 
 
+class StateFilter(admin.SimpleListFilter):
+    """Running, paused (the console's "schedules paused"), or deactivated."""
+
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return [("active", "running"), ("paused", "paused"), ("deactivated", "deactivated")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "active":
+            return queryset.filter(is_active=True, paused_at__isnull=True)
+        if self.value() == "paused":
+            return queryset.filter(is_active=True, paused_at__isnull=False)
+        if self.value() == "deactivated":
+            return queryset.filter(is_active=False)
+        return queryset
+
+
 @admin.register(Schedule)
 class ScheduleAdmin(DeactivatableAdmin, admin.ModelAdmin):
     form = ScheduleAdminForm
@@ -62,10 +84,11 @@ class ScheduleAdmin(DeactivatableAdmin, admin.ModelAdmin):
         "cron",
         "timezone",
         "status",
-        "next_run_at",
-        "last_run_at",
+        "paused_reason",
+        "next_run_shown",
+        "last_run_shown",
     )
-    list_filter = ("is_active", "misfire")
+    list_filter = (StateFilter, "is_active", "misfire")
     search_fields = ("name", "cron")
     list_select_related = ("tenant", "automation")
     readonly_fields = (
@@ -90,11 +113,26 @@ class ScheduleAdmin(DeactivatableAdmin, admin.ModelAdmin):
         return (
             format_html_join(
                 mark_safe("<br>"),
-                "{}: job {}",
-                ((run.due_at.isoformat(), run.job_id) for run in runs),
+                '{}: job {} (<a href="{}">its page</a>)',
+                (
+                    (
+                        run.due_at.isoformat(),
+                        run.job_id,
+                        reverse("admin:job_job_change", args=[run.job_id]),
+                    )
+                    for run in runs
+                ),
             )
             or "-"
         )
+
+    @admin.display(description="next run", ordering="next_run_at")
+    def next_run_shown(self, schedule: Schedule) -> str:
+        return moment(schedule.next_run_at)
+
+    @admin.display(description="last run", ordering="last_run_at")
+    def last_run_shown(self, schedule: Schedule) -> str:
+        return moment(schedule.last_run_at)
 
     def get_readonly_fields(self, request, obj=None):
         fixed = ("tenant", "automation") if obj is not None else ()
@@ -141,3 +179,20 @@ class ScheduleAdmin(DeactivatableAdmin, admin.ModelAdmin):
     @admin.action(description="Deactivate selected schedules", permissions=["change"])
     def deactivate_selected(self, request, queryset) -> None:
         self._each(request, queryset, schedule_deactivate, "Deactivated {count} schedule(s).")
+
+
+@job_page_links
+def job_schedule_link(job_id: int) -> list[str]:
+    """The job's page links to the schedule whose due time started it."""
+    origin = job_origin(job_id)
+    if origin is None:
+        return []
+    url = reverse("admin:schedule_schedule_change", args=[origin.schedule_id])
+    return [
+        format_html(
+            'started by schedule <a href="{}">{}</a> (due {})',
+            url,
+            origin.schedule_name,
+            moment(origin.due_at),
+        )
+    ]

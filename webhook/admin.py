@@ -3,12 +3,22 @@ the API. A secret is shown once, in the message after a creation or a rotation."
 
 from __future__ import annotations
 
+import json
+
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.urls import reverse
+from django.utils.html import format_html
 
-from common.admin import NeverDeletedAdmin, adopt
+from common.admin import NeverDeletedAdmin, adopt, moment, pretty_json
 from common.errors import DomainError
-from webhook.models import WebhookDelivery, WebhookEndpoint
+from job.admin import job_page_links
+from outbox.admin import task_run_outcome
+from outbox.console import event_job_ids, job_event_ids
+from webhook.console import deliver_runs_outcomes
+from webhook.delivery import delivery_redeliver
+from webhook.models import EndpointStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhook.services import (
     endpoint_create,
     endpoint_disable,
@@ -55,11 +65,28 @@ def _as_form_error(check, value):
         raise forms.ValidationError(exc.message) from None
 
 
+class EndpointHealthFilter(admin.SimpleListFilter):
+    """Active endpoints whose every attempt fails (the console's "endpoints failing")."""
+
+    title = "health"
+    parameter_name = "health"
+
+    def lookups(self, request, model_admin):
+        return [("failing", "failing"), ("answering", "answering")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "failing":
+            return queryset.filter(status=EndpointStatus.ACTIVE, failing_since__isnull=False)
+        if self.value() == "answering":
+            return queryset.filter(status=EndpointStatus.ACTIVE, failing_since__isnull=True)
+        return queryset
+
+
 @admin.register(WebhookEndpoint)
 class WebhookEndpointAdmin(NeverDeletedAdmin, admin.ModelAdmin):
     form = EndpointAdminForm
     list_display = ("url", "tenant", "status", "failing_since", "created_at")
-    list_filter = ("status",)
+    list_filter = ("status", EndpointHealthFilter)
     search_fields = ("url", "description")
     readonly_fields = ("status", "disabled_reason", "disabled_at", "failing_since", "created_at")
     actions = ("rotate_secret", "disable_selected", "enable_selected")
@@ -132,22 +159,159 @@ class WebhookEndpointAdmin(NeverDeletedAdmin, admin.ModelAdmin):
         )
 
 
+class DeliveryJobFilter(admin.SimpleListFilter):
+    """The deliveries of one job's events (``?job=<id>``, the job's page links here)."""
+
+    title = "job"
+    parameter_name = "job"
+
+    def lookups(self, request, model_admin):
+        # Chosen from a job's page, not from a list of every job.
+        return [(self.value(), f"job {self.value()}")] if self.value() else []
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        try:
+            job_id = int(self.value())
+        except ValueError:
+            raise IncorrectLookupParameters("job: an id is a number") from None
+        return queryset.filter(event_id__in=job_event_ids(job_id))
+
+
+class WebhookAttemptInline(admin.TabularInline):
+    """The delivery's attempt history, the latest first."""
+
+    model = WebhookAttempt
+    fields = ("number", "started_at_shown", "status_code", "latency_ms", "error", "response")
+    readonly_fields = fields
+    ordering = ("-number",)
+    extra = 0
+    can_delete = False
+    verbose_name_plural = "attempts"
+
+    @admin.display(description="started")
+    def started_at_shown(self, attempt: WebhookAttempt) -> str:
+        return moment(attempt.started_at)
+
+    @admin.display(description="answer")
+    def response(self, attempt: WebhookAttempt) -> str:
+        return format_html('<pre class="excerpt">{}</pre>', attempt.response_excerpt or "—")
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
     list_display = (
+        "id",
+        "endpoint",
+        "tenant",
+        "event_type",
+        "status",
+        "way_forward",
+        "attempts",
+        "last_answer",
+        "created_shown",
+        "job",
+    )
+    list_filter = (
+        "status",
+        "event_type",
+        DeliveryJobFilter,
+        # Endpoints and tenants are few; a DISTINCT over every delivery would not be.
+        "endpoint",
+        "tenant",
+    )
+    search_fields = ("=message_id",)
+    list_select_related = ("endpoint", "tenant")
+    ordering = ("-id",)
+    show_full_result_count = False
+    inlines = (WebhookAttemptInline,)
+    actions = ("redeliver",)
+    fields = (
+        "id",
         "message_id",
         "endpoint",
+        "tenant",
         "event_type",
+        "job",
         "status",
         "way_forward",
         "attempts",
         "last_status_code",
         "last_latency_ms",
-        "created_at",
+        "last_error_text",
+        "created_shown",
+        "next_attempt_shown",
+        "finished_shown",
+        "scheduled_run",
+        "body_json",
     )
-    list_filter = ("status", "event_type")
-    search_fields = ("message_id",)
-    list_select_related = ("endpoint",)
+    readonly_fields = fields
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        # The page's jobs in one query, not one a row.
+        jobs = event_job_ids([d.event_id for d in changelist.result_list])
+        for delivery in changelist.result_list:
+            delivery.job_id = jobs.get(delivery.event_id)
+        return changelist
+
+    @admin.display(description="job")
+    def job(self, obj: WebhookDelivery) -> str:
+        if not hasattr(obj, "job_id"):
+            obj.job_id = event_job_ids([obj.event_id]).get(obj.event_id)
+        if obj.job_id is None:
+            return "—"
+        url = reverse("admin:job_job_change", args=[obj.job_id])
+        return format_html('<a href="{}">job {}</a>', url, obj.job_id)
+
+    @admin.display(description="last answer")
+    def last_answer(self, obj: WebhookDelivery) -> str:
+        """The last attempt's HTTP status and time (its error when nothing answered)."""
+        if not obj.attempts:
+            return "—"
+        if obj.last_status_code is None:
+            return f"no answer ({obj.last_latency_ms} ms)"
+        return f"HTTP {obj.last_status_code} ({obj.last_latency_ms} ms)"
+
+    @admin.display(description="created", ordering="created_at")
+    def created_shown(self, obj: WebhookDelivery) -> str:
+        return moment(obj.created_at)
+
+    @admin.display(description="next attempt")
+    def next_attempt_shown(self, obj: WebhookDelivery) -> str:
+        return moment(obj.next_attempt_at)
+
+    @admin.display(description="finished")
+    def finished_shown(self, obj: WebhookDelivery) -> str:
+        return moment(obj.finished_at)
+
+    @admin.display(description="last error")
+    def last_error_text(self, obj: WebhookDelivery) -> str:
+        return format_html('<pre class="error-text">{}</pre>', obj.last_error or "—")
+
+    @admin.display(description="its run")
+    def scheduled_run(self, obj: WebhookDelivery) -> str:
+        if obj.scheduled_run_id is None:
+            return "—"
+        url = reverse("admin:outbox_taskrun_change", args=[obj.scheduled_run_id])
+        return format_html('<a href="{}">{}</a>', url, obj.scheduled_run_id)
+
+    @admin.display(description="body")
+    def body_json(self, obj: WebhookDelivery) -> str:
+        try:
+            return pretty_json(json.loads(obj.body))
+        except ValueError:
+            return format_html("<pre>{}</pre>", obj.body)
 
     @admin.display(description="Way forward")
     def way_forward(self, obj: WebhookDelivery) -> str:
@@ -156,7 +320,7 @@ class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
         if obj.is_final:
             return "-"
         if not obj.is_parked:
-            when = obj.next_attempt_at.isoformat(timespec="seconds") if obj.next_attempt_at else ""
+            when = moment(obj.next_attempt_at) if obj.next_attempt_at else ""
             return f"scheduled: attempt {obj.attempts + 1} due {when}".rstrip()
         if not obj.endpoint.is_active:
             return "held: its endpoint is disabled (enable it to resume)"
@@ -167,3 +331,55 @@ class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+    def has_redeliver_permission(self, request) -> bool:
+        opts = self.opts
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    @admin.action(description="Redeliver the selected deliveries", permissions=["redeliver"])
+    def redeliver(self, request, queryset) -> None:
+        """A delivered or failed delivery is attempted once more, due now."""
+        count = 0
+        for delivery_id in queryset.values_list("pk", flat=True):
+            try:
+                delivery_redeliver(delivery_id=delivery_id, actor=request.user)
+            except DomainError as refusal:
+                self.message_user(
+                    request, f"Delivery {delivery_id}: {refusal.message}", messages.WARNING
+                )
+            else:
+                count += 1
+        if count:
+            self.message_user(
+                request,
+                f"{count} delivery(ies) due again now: a worker attempts each next.",
+                messages.SUCCESS,
+            )
+
+
+@task_run_outcome("webhook.deliver")
+def deliver_runs_shown(runs, payloads: dict[str, dict]) -> dict[str, str]:
+    """A webhook.deliver run succeeds whatever the receiver answered: show what its attempt
+    got and where its delivery stands, linked to the delivery."""
+    asked = {}
+    for run in runs:
+        delivery_id = payloads.get(str(run.run_id), {}).get("delivery_id")
+        if isinstance(delivery_id, int) and not isinstance(delivery_id, bool):
+            asked[str(run.run_id)] = (delivery_id, run.started_at, run.finished_at)
+    shown = {}
+    for run_id, outcome in deliver_runs_outcomes(asked).items():
+        url = reverse("admin:webhook_webhookdelivery_change", args=[outcome.delivery_id])
+        shown[run_id] = format_html(
+            '<a class="{}" href="{}">{}</a>',
+            "delivered" if outcome.attempt_delivered else "not-delivered",
+            url,
+            str(outcome),
+        )
+    return shown
+
+
+@job_page_links
+def job_deliveries_link(job_id: int) -> list[str]:
+    """The job's page links to the deliveries of its events."""
+    url = reverse("admin:webhook_webhookdelivery_changelist")
+    return [format_html('<a href="{}?job={}">its webhook deliveries</a>', url, job_id)]

@@ -34,9 +34,10 @@ from django.utils import timezone
 
 from common import tracing
 from common.context import log_context
+from common.errors import Conflict, NotFound
 from job.selectors import job_get, job_public
 from outbox.listeners import RecordedEvent
-from outbox.services import dispatch
+from outbox.services import actor_label, dispatch
 from webhook import transport
 from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -518,6 +519,32 @@ def _unpark(endpoint: WebhookEndpoint, limit: int, *, delay: float | None = None
         _schedule(delivery, delay=delay)
     WebhookDelivery.objects.bulk_update(parked, ["scheduled_run_id", "next_attempt_at"])
     return len(parked)
+
+
+def delivery_redeliver(*, delivery_id: int, actor: Any) -> WebhookDelivery:
+    """An operator's redelivery: a delivered or failed delivery gets one more attempt, due
+    now, by a new run (the same body and webhook-id, so a receiver that had it dedupes it).
+    Its attempts keep their numbers; a failure of it is retried while the delivery's retry
+    schedule lasts, and ends it failed again after. Refused for a pending delivery (on its
+    way already) and while its endpoint is disabled (its run would only hold it)."""
+    with transaction.atomic():
+        delivery = WebhookDelivery.objects.select_for_update().filter(pk=delivery_id).first()
+        if delivery is None:
+            raise NotFound("There is no such delivery.", code="webhook_delivery_not_found")
+        endpoint = WebhookEndpoint.objects.get(pk=delivery.endpoint_id)
+        if not endpoint.is_active:
+            raise Conflict(
+                "Its endpoint is disabled: enable the endpoint first.", code="webhook_disabled"
+            )
+        delivery.reopen()
+        run_id = _schedule(delivery, delay=None)
+        delivery.save(
+            update_fields=["status", "finished_at", "scheduled_run_id", "next_attempt_at"]
+        )
+    logger.info(
+        "webhook %s redelivered by %s: run %s", delivery.message_id, actor_label(actor), run_id
+    )
+    return delivery
 
 
 def deliveries_resume(endpoint: WebhookEndpoint) -> int:

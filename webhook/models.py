@@ -205,6 +205,7 @@ class WebhookDelivery(models.Model):
 
     class Meta:
         db_table = "webhook_deliveries"
+        verbose_name_plural = "webhook deliveries"
         constraints = [
             choices_check("webhook_deliveries", "status", DeliveryStatus),
             # One delivery per event and endpoint, however often the listener runs.
@@ -305,6 +306,17 @@ class WebhookDelivery(models.Model):
         self._finish(DeliveryStatus.FAILED, now)
         if reason:
             self.last_error = reason
+
+    def reopen(self) -> None:
+        """delivered or failed (final) -> pending, parked: an operator's redelivery, which
+        schedules it next (``delivery_redeliver``). Its attempts keep their numbers."""
+        if self.status not in DELIVERY_FINAL:
+            raise Conflict(
+                "A pending delivery is on its way already: it cannot be redelivered.",
+                code="webhook_delivery_pending",
+            )
+        self.status = DeliveryStatus.PENDING
+        self.finished_at = None
 
     def _finish(self, status: DeliveryStatus, now: datetime) -> None:
         self.status = status

@@ -16,6 +16,7 @@ import pika
 import pytest
 from django.conf import settings as django_settings
 from django.db import transaction
+from django.utils import timezone
 from playwright.sync_api import Page, sync_playwright
 
 from broker import get_transport, topology
@@ -206,3 +207,156 @@ def operate(
     assert f"1 message(s) of {queue} sent back" in page.inner_text(".messagelist")
     assert page.query_selector(f"tr.dead-letter[data-run-id='{run_id}']") is None
     shot("06-sent-back")
+
+
+# What an operator reads on each page must be whole: these elements are never narrower
+# than their content (a cut id, error or time), and no page scrolls sideways.
+CUT_OFF = r"""(selectors) => {
+    const cut = [];
+    for (const selector of selectors) {
+        for (const element of document.querySelectorAll(selector)) {
+            if (element.scrollWidth > element.clientWidth + 1) {
+                const text = element.textContent.trim().replace(/\s+/g, " ");
+                cut.push(`${selector}: ${element.scrollWidth} > ${element.clientWidth}: `
+                    + text.slice(0, 60));
+            }
+        }
+    }
+    const page = document.documentElement;
+    if (page.scrollWidth > page.clientWidth + 1) {
+        cut.push(`the page: ${page.scrollWidth} > ${page.clientWidth}`);
+    }
+    return cut;
+}"""
+MUST_BE_WHOLE = [
+    "#console td",
+    "#result_list td",
+    "#result_list th",
+    ".results",
+    "fieldset .readonly",
+    ".inline-group td",
+    "#content-main",
+]
+
+
+def seed_console() -> dict[str, object]:
+    """A job that failed, with its power-on run; a webhook delivery whose attempt found
+    nobody listening, its run succeeded; a run failed with a long error; a paused schedule."""
+    from schedule.services import schedule_create, schedule_pause
+    from tests.ports import free_port
+    from tests.webhook.conftest import due_deliver_runs, run_attempt
+    from webhook.models import WebhookDelivery
+    from webhook.services import endpoint_create
+
+    tenant = TenantFactory()
+    automation = AutomationWithWorkerFactory(name="Nightly export")
+    endpoint_create(
+        tenant=tenant,
+        url=f"http://127.0.0.1:{free_port()}/hooks",
+        event_types=["JobFailed"],
+        actor=None,
+    )
+    job, _ = job_create(
+        tenant=tenant,
+        automation_id=automation.pk,
+        params={"month": "2026-11"},
+        requested_by=UserFactory(tenant=tenant),
+    )
+    claimed = job_claim(worker=automation.worker, job_id=job.pk)
+    job_fail(
+        worker=automation.worker,
+        job_id=job.pk,
+        claim_token=claimed.claim_token,
+        error="the export ran out of disk",
+        exit_code=2,
+    )
+    (row,) = due_deliver_runs()
+    started = timezone.now()
+    run_attempt(row)
+    TaskRun.objects.filter(run_id=row.run_id).update(
+        status="succeeded", started_at=started, finished_at=timezone.now()
+    )
+    with transaction.atomic():
+        failing_run = dispatch("maintenance.purge", {})
+    TaskRun.objects.filter(run_id=failing_run).update(
+        status="failed",
+        receive_count=5,
+        last_error="psycopg.errors.DiskFull: could not extend file base/16384/2619: "
+        "No space left on device; the purge stopped before its last batch\n"
+        'Traceback (most recent call last):\n  File "outbox/tasks.py", line 40',
+    )
+    schedule = schedule_create(
+        tenant=tenant, actor=None, automation_id=automation.pk, name="monthly", cron="0 6 1 * *"
+    )
+    schedule_pause(tenant=tenant.pk, schedule_id=schedule.pk)
+    return {
+        "job": job.pk,
+        "delivery": WebhookDelivery.objects.get().pk,
+        "deliver_run": str(row.run_id),
+        "failing_run": str(failing_run),
+    }
+
+
+def test_every_console_page_shows_whole_what_an_operator_needs_at_1400_px(
+    live_server, chromium, rabbitmq, tmp_path, settings
+):
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES = True
+    admin = PlatformAdminFactory(email="console@example.com")
+    seeded = seed_console()
+    seed_dead_letter()
+    job, delivery = seeded["job"], seeded["delivery"]
+    pages = [
+        ("01-console", "/admin/", ["Outbox backlog", "runs failed", "Daemons' last heartbeat"]),
+        ("02-jobs", "/admin/job/job/", ["Nightly export", "failed"]),
+        (
+            "03-job",
+            f"/admin/job/job/{job}/change/",
+            ["the export ran out of disk", "its task runs", "correlation id", " UTC"],
+        ),
+        (
+            "04-task-runs",
+            "/admin/outbox/taskrun/",
+            ["psycopg.errors.DiskFull", seeded["failing_run"]],
+        ),
+        (
+            "05-task-run",
+            f"/admin/outbox/taskrun/{seeded['failing_run']}/change/",
+            ["No space left on device", "Traceback"],
+        ),
+        (
+            "06-deliver-run",
+            f"/admin/outbox/taskrun/{seeded['deliver_run']}/change/",
+            [f"delivery {delivery} pending: attempt 1 failed"],
+        ),
+        ("07-tenant-outbox", "/admin/outbox/outboxmessage/", ["sent", "pending: due now"]),
+        ("08-platform-outbox", "/admin/outbox/platformoutboxmessage/", ["pending: due now"]),
+        ("09-deliveries", "/admin/webhook/webhookdelivery/", ["Webhook deliveries", f"job {job}"]),
+        (
+            "10-delivery",
+            f"/admin/webhook/webhookdelivery/{delivery}/change/",
+            ["attempts", "Connection refused"],
+        ),
+        ("11-endpoints", "/admin/webhook/webhookendpoint/", ["127.0.0.1"]),
+        ("12-schedules", "/admin/schedule/schedule/", ["monthly", "paused"]),
+        ("13-dead-letters", "/admin/dead-letters/", ["disk quota exceeded"]),
+    ]
+    problems: dict[str, list[str]] = {}
+    with browser_page(chromium) as page:
+        page.goto(f"{live_server.url}/admin/")
+        page.fill("#id_username", admin.email)
+        page.fill("#id_password", DEFAULT_PASSWORD)
+        page.click("input[type=submit]")
+        page.wait_for_selector("#console")
+        for name, path, texts in pages:
+            page.goto(f"{live_server.url}{path}")
+            page.wait_for_selector("#content")
+            page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
+            found = page.evaluate(CUT_OFF, MUST_BE_WHOLE)
+            for text in texts:
+                if not page.get_by_text(text, exact=False).first.is_visible():
+                    found.append(f"not visible: {text}")
+            if found:
+                problems[name] = found
+
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == [f"{n}.png" for n, _, _ in pages]
+    assert problems == {}, json.dumps(problems, indent=1)

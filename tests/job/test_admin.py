@@ -141,3 +141,86 @@ def test_staff_without_the_change_permission_cannot_cancel(client, tenant):
     client.post(CHANGELIST, {"action": "cancel", "_selected_action": [job.pk]})
     job.refresh_from_db()
     assert job.status == Job.Status.PENDING
+
+
+TIME_TO_THE_SECOND = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
+
+
+def test_a_job_page_shows_times_to_the_second_its_duration_ids_and_links(admin_site, tenant):
+    automation = AutomationWithWorkerFactory()
+    job = create_job(tenant, automation)
+    claimed = job_claim(worker=automation.worker, job_id=job.pk)
+    Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timedelta(seconds=75))
+    job_fail(
+        worker=automation.worker,
+        job_id=job.pk,
+        claim_token=claimed.claim_token,
+        error="exit 3",
+        exit_code=3,
+    )
+
+    page = admin_site.get(f"{CHANGELIST}{job.pk}/change/").content.decode()
+
+    # Created, started, finished: each to the second, with its zone.
+    assert len(re.findall(TIME_TO_THE_SECOND, page)) >= 3
+    assert re.search(r"1 min 1[5-9] s", page)  # its duration
+    created = Event.objects.get(type="JobCreated", aggregate_id=str(job.pk))
+    assert created.correlation_id and f"<code>{created.correlation_id}</code>" in page
+    assert f"(id {tenant.pk})" in page and f"(id {automation.pk})" in page
+    # Its task runs (the power-on its creation asked for) are a click away, and link back.
+    runs = re.search(r'href="(/admin/outbox/taskrun/\?job=\d+)">its task runs', page).group(1)
+    listed_runs = admin_site.get(runs).context["cl"].result_list
+    assert {run.task for run in listed_runs} == {"machines.power_on"}
+    run_page = admin_site.get(f"/admin/outbox/taskrun/{listed_runs[0].pk}/change/")
+    assert f'href="/admin/job/job/{job.pk}/change/">job {job.pk}</a>' in run_page.content.decode()
+    # And its webhook deliveries.
+    assert f'href="/admin/webhook/webhookdelivery/?job={job.pk}">its webhook deliveries' in page
+    # A finished job offers no Cancel.
+    assert "Cancel this job" not in page
+
+
+def test_the_cancel_button_of_a_jobs_page_cancels_through_the_service(
+    admin_site, tenant, platform_admin
+):
+    job = create_job(tenant, AutomationWithWorkerFactory())
+    page = admin_site.get(f"{CHANGELIST}{job.pk}/change/").content.decode()
+    assert "Cancel this job" in page
+    assert f'action="/admin/job/job/{job.pk}/cancel/"' in page
+
+    response = admin_site.post(f"/admin/job/job/{job.pk}/cancel/", follow=True)
+
+    assert "1 job(s) canceled." in [str(m) for m in response.context["messages"]]
+    job.refresh_from_db()
+    assert job.status == Job.Status.CANCELED
+    (canceled,) = Event.objects.filter(type="JobCanceled", aggregate_id=str(job.pk))
+    assert canceled.actor == f"user:{platform_admin.pk}"
+    assert "Cancel this job" not in response.content.decode()
+    # A GET changes nothing.
+    assert admin_site.get(f"/admin/job/job/{job.pk}/cancel/").status_code == 405
+
+
+def test_a_running_job_canceled_from_the_list_shows_it_at_once(admin_site, tenant):
+    automation = AutomationWithWorkerFactory()
+    running = create_job(tenant, automation)
+    job_claim(worker=automation.worker, job_id=running.pk)
+
+    response = admin_site.post(
+        CHANGELIST, {"action": "cancel", "_selected_action": [running.pk]}, follow=True
+    )
+
+    # The worker learns it at its next heartbeat; the list says it now.
+    assert re.search(rf"running, cancel requested {TIME_TO_THE_SECOND}", response.content.decode())
+    page = admin_site.get(f"{CHANGELIST}{running.pk}/change/").content.decode()
+    assert "Cancel this job" not in page  # asked already
+
+
+def test_staff_without_the_change_permission_get_no_cancel_button(client, tenant):
+    staff = UserFactory(tenant=None, is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(staff)
+    job = create_job(tenant, AutomationWithWorkerFactory())
+
+    assert "Cancel this job" not in client.get(f"{CHANGELIST}{job.pk}/change/").content.decode()
+    assert client.post(f"/admin/job/job/{job.pk}/cancel/").status_code == 403
+    job.refresh_from_db()
+    assert job.status == Job.Status.PENDING

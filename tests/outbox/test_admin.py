@@ -3,6 +3,7 @@ one), the events trail (read-only). Changes go through ``outbox.operations``."""
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 
@@ -186,3 +187,49 @@ def test_two_operators_requeueing_one_run_at_once_requeue_it_once():
 
     assert sorted(outcomes) == ["requeued", "task_run_not_failed"]
     assert TaskRun.objects.get(run_id=failed).status == "queued"
+
+
+@pytest.mark.parametrize("tenanted", [False, True], ids=["platform", "tenant"])
+def test_outbox_rows_say_sent_or_why_not_yet_in_words_not_a_red_cross(admin_site, tenant, tenanted):
+    sent_run(
+        "machines.power_on" if tenanted else "maintenance.purge",
+        status=TaskRun.Status.SUCCEEDED,
+        tenant=tenant if tenanted else None,
+    )
+    with transaction.atomic():
+        dispatch(
+            "machines.power_on" if tenanted else "maintenance.purge",
+            {"automation_id": 1},
+            tenant=tenant if tenanted else None,
+        )
+        dispatch(
+            "machines.power_on" if tenanted else "maintenance.purge",
+            {"automation_id": 2},
+            tenant=tenant if tenanted else None,
+            delay=600,
+        )
+    url = TENANT_ROWS if tenanted else PLATFORM_ROWS
+
+    page = admin_site.get(url).content.decode()
+
+    assert '<span class="state-sent">sent</span>' in page
+    assert '<span class="state-pending">pending: due now</span>' in page
+    assert re.search(
+        r'<span class="state-waiting">delayed: due \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC', page
+    )
+    assert "icon-no.svg" not in page and "icon-yes.svg" not in page
+
+
+def test_a_runs_last_error_is_whole_on_its_page_and_its_first_line_in_the_list(admin_site):
+    run_id, _ = sent_run(status=TaskRun.Status.FAILED)
+    long_line = "OSError: " + "the disk is full " * 40
+    error = f'{long_line}\nTraceback (most recent call last):\n  File "x.py", line 1'
+    TaskRun.objects.filter(run_id=run_id).update(last_error=error)
+
+    listing = admin_site.get(RUNS).content.decode()
+    page = admin_site.get(f"{RUNS}{run_id}/change/").content.decode()
+
+    assert long_line[:300] in listing and "…" in listing
+    assert "Traceback" not in listing
+    assert f'<pre class="error-text">{long_line}\nTraceback (most recent call last):' in page
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC", page)

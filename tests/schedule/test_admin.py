@@ -87,3 +87,29 @@ def test_the_change_page_shows_the_recent_runs(admin_site, tenant, automation):
 
     assert response.status_code == 200
     assert f"2026-06-01T06:00:00+00:00: job {job_id}" in response.content.decode()
+
+
+def test_a_job_a_schedule_started_links_to_it_and_back(admin_site, tenant, automation):
+    with time_machine.travel(utc(2026, 6, 1, 5), tick=False):
+        schedule = new_schedule(tenant=tenant, automation=automation)
+    (job_id,) = schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 5)).started
+
+    job_page = admin_site.get(f"/admin/job/job/{job_id}/change/").content.decode()
+    schedule_page = admin_site.get(f"{CHANGELIST}{schedule.pk}/change/").content.decode()
+
+    assert (
+        f'started by schedule <a href="{CHANGELIST}{schedule.pk}/change/">nightly</a> '
+        "(due 2026-06-01 06:00:00 UTC)" in job_page
+    )
+    assert f'job {job_id} (<a href="/admin/job/job/{job_id}/change/">its page</a>)' in schedule_page
+
+
+def test_the_state_filter_lists_the_paused_with_their_reason(admin_site, tenant, automation):
+    paused = new_schedule(tenant=tenant, automation=automation, name="paused one")
+    new_schedule(tenant=tenant, automation=automation, name="running one")
+    admin_site.post(CHANGELIST, {"action": "pause_selected", "_selected_action": [paused.pk]})
+
+    response = admin_site.get(CHANGELIST, {"state": "paused"})
+
+    assert [s.pk for s in response.context["cl"].result_list] == [paused.pk]
+    assert "paused one" in response.content.decode()
