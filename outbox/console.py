@@ -1,8 +1,10 @@
-"""The outbox's figures on the admin's front page: read-only, each one cheap query.
+"""The outbox's reads for the admin's console: read-only.
 
-The backlog counts and dates the unsent rows through the tables' partial pending
-indexes; the failing runs are the task runs an operator must look at (failed: only a
-person starts them again; retrying: on their way back, but failing so far).
+The front page's figures: the backlog counts and dates the unsent rows (the tables' partial
+pending indexes serve it); the failing runs are the task runs an operator must look at
+(failed: only a person starts them again; retrying: on their way back, failing so far).
+Then the links between a job, its events and its runs, read from the envelopes: a run
+whose outbox row was purged since (maintenance.purge) is linked to nothing.
 """
 
 from __future__ import annotations
