@@ -9,6 +9,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import ValidationError
 from django.db.models import Model, QuerySet
 from django.forms.fields import InvalidJSONInput
@@ -183,6 +184,64 @@ def duration(start: datetime | None, end: datetime | None) -> str:
 def pretty_json(value: Any) -> str:
     """A JSON value as an indented block on a read-only page."""
     return format_html("<pre>{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))
+
+
+class OneJobFilter(admin.SimpleListFilter):
+    """The rows of one job (``?job=<id>``: the job's page links here). A subclass says which
+    rows are the job's in ``of_job``."""
+
+    title = "job"
+    parameter_name = "job"
+
+    def lookups(self, request, model_admin):
+        # Chosen from a job's page, not from a list of every job.
+        return [(self.value(), f"job {self.value()}")] if self.value() else []
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        try:
+            job_id = int(self.value())
+        except ValueError:
+            raise IncorrectLookupParameters("job: an id is a number") from None
+        return self.of_job(queryset, job_id)
+
+    def of_job(self, queryset, job_id: int):
+        raise NotImplementedError
+
+
+# Columns and read-only fields that show one field of the row the console's way; each
+# stands for an ``@admin.display`` method (``started_shown = shown_at("started_at", ...)``).
+
+
+def shown_at(field: str, description: str, *, ordering: str | None = None):
+    """The time in ``field`` to the second with its zone (``moment``)."""
+
+    @admin.display(description=description, ordering=ordering)
+    def show(model_admin, obj) -> str:
+        return moment(getattr(obj, field))
+
+    return show
+
+
+def shown_text(field: str, description: str, *, css: str = "error-text"):
+    """The text in ``field`` whole, kept as written (an error, a command's output)."""
+
+    @admin.display(description=description)
+    def show(model_admin, obj) -> str:
+        return format_html('<pre class="{}">{}</pre>', css, getattr(obj, field) or "—")
+
+    return show
+
+
+def shown_json(field: str, description: str):
+    """The JSON value in ``field``, indented (``pretty_json``)."""
+
+    @admin.display(description=description)
+    def show(model_admin, obj) -> str:
+        return pretty_json(getattr(obj, field))
+
+    return show
 
 
 class ReadOnlyAdmin(NeverDeletedAdmin):

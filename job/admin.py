@@ -21,7 +21,17 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
-from common.admin import ReadOnlyAdmin, age, age_filter, duration, moment, pretty_json
+from common.admin import (
+    ReadOnlyAdmin,
+    age,
+    age_filter,
+    duration,
+    moment,
+    pretty_json,
+    shown_at,
+    shown_json,
+    shown_text,
+)
 from common.errors import DomainError
 from job.models import Job
 from job.services import job_cancel
@@ -161,13 +171,8 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     def waited(self, job: Job) -> str:
         return age(job.created_at)
 
-    @admin.display(description="created", ordering="created_at")
-    def created_shown(self, job: Job) -> str:
-        return moment(job.created_at)
-
-    @admin.display(description="finished", ordering="finished_at")
-    def finished_shown(self, job: Job) -> str:
-        return moment(job.finished_at)
+    created_shown = shown_at("created_at", "created", ordering="created_at")
+    finished_shown = shown_at("finished_at", "finished", ordering="finished_at")
 
     # --- the page -----------------------------------------------------------------------
 
@@ -218,21 +223,10 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         given = [link for links in JOB_PAGE_LINKS for link in links(job.pk)]
         return format_html_join(" · ", "{}", ((link,) for link in [*own, *given]))
 
-    @admin.display(description="started")
-    def started_shown(self, job: Job) -> str:
-        return moment(job.started_at)
-
-    @admin.display(description="last heartbeat")
-    def last_heartbeat_shown(self, job: Job) -> str:
-        return moment(job.last_heartbeat_at)
-
-    @admin.display(description="lease expires")
-    def lease_expires_shown(self, job: Job) -> str:
-        return moment(job.lease_expires_at)
-
-    @admin.display(description="cancel requested")
-    def cancel_requested_shown(self, job: Job) -> str:
-        return moment(job.cancel_requested_at)
+    started_shown = shown_at("started_at", "started")
+    last_heartbeat_shown = shown_at("last_heartbeat_at", "last heartbeat")
+    lease_expires_shown = shown_at("lease_expires_at", "lease expires")
+    cancel_requested_shown = shown_at("cancel_requested_at", "cancel requested")
 
     @admin.display(description="duration")
     def took(self, job: Job) -> str:
@@ -243,25 +237,11 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
             return f"{duration(job.started_at, timezone.now())} so far"
         return duration(job.started_at, job.finished_at)
 
-    @admin.display(description="error")
-    def error_text(self, job: Job) -> str:
-        return format_html('<pre class="error-text">{}</pre>', job.error or "—")
-
-    @admin.display(description="output tail")
-    def output_text(self, job: Job) -> str:
-        return format_html('<pre class="output-text">{}</pre>', job.output_tail or "—")
-
-    @admin.display(description="params")
-    def params_json(self, job: Job) -> str:
-        return pretty_json(job.params)
-
-    @admin.display(description="progress")
-    def progress_json(self, job: Job) -> str:
-        return pretty_json(job.progress)
-
-    @admin.display(description="result")
-    def result_json(self, job: Job) -> str:
-        return pretty_json(job.result)
+    error_text = shown_text("error", "error")
+    output_text = shown_text("output_tail", "output tail", css="output-text")
+    params_json = shown_json("params", "params")
+    progress_json = shown_json("progress", "progress")
+    result_json = shown_json("result", "result")
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         context["cancel_offered"] = (

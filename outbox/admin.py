@@ -9,12 +9,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.contrib import admin, messages
-from django.contrib.admin.options import IncorrectLookupParameters
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from common.admin import ReadOnlyAdmin, age, age_filter, duration, moment, pretty_json
+from common.admin import (
+    OneJobFilter,
+    ReadOnlyAdmin,
+    age,
+    age_filter,
+    duration,
+    moment,
+    shown_at,
+    shown_json,
+    shown_text,
+)
 from common.errors import DomainError
 from outbox.catalog import get_catalog
 from outbox.console import job_run_ids, run_job_ids, run_payloads
@@ -128,21 +137,14 @@ class OutboxMessageAdmin(ReadOnlyAdmin, admin.ModelAdmin):
             )
         return format_html('<span class="state-pending">{}</span>', "pending: due now")
 
-    @admin.display(description="available at", ordering="available_at")
-    def available_shown(self, row) -> str:
-        return moment(row.available_at)
-
-    @admin.display(description="sent at", ordering="sent_at")
-    def sent_shown(self, row) -> str:
-        return moment(row.sent_at)
+    available_shown = shown_at("available_at", "available at", ordering="available_at")
+    sent_shown = shown_at("sent_at", "sent at", ordering="sent_at")
 
     @admin.display(description="age")
     def waited(self, row) -> str:
         return age(row.created_at)
 
-    @admin.display(description="envelope")
-    def envelope_json(self, row) -> str:
-        return pretty_json(row.envelope)
+    envelope_json = shown_json("envelope", "envelope")
 
     def has_send_again_permission(self, request) -> bool:
         return self.may_operate(request)
@@ -172,23 +174,10 @@ class PlatformOutboxMessageAdmin(OutboxMessageAdmin):
 ERROR_LINE_CHARS = 300
 
 
-class RunJobFilter(admin.SimpleListFilter):
-    """The runs a job caused (``?job=<id>``, the job's page links here)."""
+class RunJobFilter(OneJobFilter):
+    """The runs a job caused."""
 
-    title = "job"
-    parameter_name = "job"
-
-    def lookups(self, request, model_admin):
-        # Chosen from a job's page, not from a list of every job.
-        return [(self.value(), f"job {self.value()}")] if self.value() else []
-
-    def queryset(self, request, queryset):
-        if not self.value():
-            return queryset
-        try:
-            job_id = int(self.value())
-        except ValueError:
-            raise IncorrectLookupParameters("job: an id is a number") from None
+    def of_job(self, queryset, job_id: int):
         return queryset.filter(run_id__in=job_run_ids(job_id))
 
 
@@ -261,33 +250,17 @@ class TaskRunAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         url = reverse("admin:job_job_change", args=[job_id])
         return format_html('<a href="{}">job {}</a>', url, job_id)
 
-    @admin.display(description="created", ordering="created_at")
-    def created_shown(self, run: TaskRun) -> str:
-        return moment(run.created_at)
-
-    @admin.display(description="last change", ordering="updated_at")
-    def updated_shown(self, run: TaskRun) -> str:
-        return moment(run.updated_at)
-
-    @admin.display(description="started")
-    def started_shown(self, run: TaskRun) -> str:
-        return moment(run.started_at)
-
-    @admin.display(description="finished")
-    def finished_shown(self, run: TaskRun) -> str:
-        return moment(run.finished_at)
+    created_shown = shown_at("created_at", "created", ordering="created_at")
+    updated_shown = shown_at("updated_at", "last change", ordering="updated_at")
+    started_shown = shown_at("started_at", "started")
+    finished_shown = shown_at("finished_at", "finished")
 
     @admin.display(description="took")
     def took(self, run: TaskRun) -> str:
         return duration(run.started_at, run.finished_at)
 
-    @admin.display(description="lease expires")
-    def lease_shown(self, run: TaskRun) -> str:
-        return moment(run.lease_expires_at)
-
-    @admin.display(description="last error")
-    def last_error_text(self, run: TaskRun) -> str:
-        return format_html('<pre class="error-text">{}</pre>', run.last_error or "—")
+    lease_shown = shown_at("lease_expires_at", "lease expires")
+    last_error_text = shown_text("last_error", "last error")
 
     @admin.display(description="last error")
     def error_line(self, run: TaskRun) -> str:
@@ -349,6 +322,4 @@ class EventAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     )
     readonly_fields = fields
 
-    @admin.display(description="payload")
-    def payload_json(self, event: Event) -> str:
-        return pretty_json(event.payload)
+    payload_json = shown_json("payload", "payload")

@@ -8,7 +8,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from common.admin import DeactivatableAdmin, StorableJSONField, adopt, moment
+from common.admin import DeactivatableAdmin, StorableJSONField, adopt, moment, shown_at
 from common.errors import DomainError
 from job.admin import job_page_links
 from job.services import job_params_check
@@ -126,13 +126,8 @@ class ScheduleAdmin(DeactivatableAdmin, admin.ModelAdmin):
             or "-"
         )
 
-    @admin.display(description="next run", ordering="next_run_at")
-    def next_run_shown(self, schedule: Schedule) -> str:
-        return moment(schedule.next_run_at)
-
-    @admin.display(description="last run", ordering="last_run_at")
-    def last_run_shown(self, schedule: Schedule) -> str:
-        return moment(schedule.last_run_at)
+    next_run_shown = shown_at("next_run_at", "next run", ordering="next_run_at")
+    last_run_shown = shown_at("last_run_at", "last run", ordering="last_run_at")
 
     def get_readonly_fields(self, request, obj=None):
         fixed = ("tenant", "automation") if obj is not None else ()

@@ -7,11 +7,18 @@ import json
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.options import IncorrectLookupParameters
 from django.urls import reverse
 from django.utils.html import format_html
 
-from common.admin import NeverDeletedAdmin, adopt, moment, pretty_json
+from common.admin import (
+    NeverDeletedAdmin,
+    OneJobFilter,
+    adopt,
+    moment,
+    pretty_json,
+    shown_at,
+    shown_text,
+)
 from common.errors import DomainError
 from job.admin import job_page_links
 from outbox.admin import task_run_outcome
@@ -159,23 +166,10 @@ class WebhookEndpointAdmin(NeverDeletedAdmin, admin.ModelAdmin):
         )
 
 
-class DeliveryJobFilter(admin.SimpleListFilter):
-    """The deliveries of one job's events (``?job=<id>``, the job's page links here)."""
+class DeliveryJobFilter(OneJobFilter):
+    """The deliveries of one job's events."""
 
-    title = "job"
-    parameter_name = "job"
-
-    def lookups(self, request, model_admin):
-        # Chosen from a job's page, not from a list of every job.
-        return [(self.value(), f"job {self.value()}")] if self.value() else []
-
-    def queryset(self, request, queryset):
-        if not self.value():
-            return queryset
-        try:
-            job_id = int(self.value())
-        except ValueError:
-            raise IncorrectLookupParameters("job: an id is a number") from None
+    def of_job(self, queryset, job_id: int):
         return queryset.filter(event_id__in=job_event_ids(job_id))
 
 
@@ -190,13 +184,8 @@ class WebhookAttemptInline(admin.TabularInline):
     can_delete = False
     verbose_name_plural = "attempts"
 
-    @admin.display(description="started")
-    def started_at_shown(self, attempt: WebhookAttempt) -> str:
-        return moment(attempt.started_at)
-
-    @admin.display(description="answer")
-    def response(self, attempt: WebhookAttempt) -> str:
-        return format_html('<pre class="excerpt">{}</pre>', attempt.response_excerpt or "—")
+    started_at_shown = shown_at("started_at", "started")
+    response = shown_text("response_excerpt", "answer", css="excerpt")
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -283,21 +272,10 @@ class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
             return f"no answer ({obj.last_latency_ms} ms)"
         return f"HTTP {obj.last_status_code} ({obj.last_latency_ms} ms)"
 
-    @admin.display(description="created", ordering="created_at")
-    def created_shown(self, obj: WebhookDelivery) -> str:
-        return moment(obj.created_at)
-
-    @admin.display(description="next attempt")
-    def next_attempt_shown(self, obj: WebhookDelivery) -> str:
-        return moment(obj.next_attempt_at)
-
-    @admin.display(description="finished")
-    def finished_shown(self, obj: WebhookDelivery) -> str:
-        return moment(obj.finished_at)
-
-    @admin.display(description="last error")
-    def last_error_text(self, obj: WebhookDelivery) -> str:
-        return format_html('<pre class="error-text">{}</pre>', obj.last_error or "—")
+    created_shown = shown_at("created_at", "created", ordering="created_at")
+    next_attempt_shown = shown_at("next_attempt_at", "next attempt")
+    finished_shown = shown_at("finished_at", "finished")
+    last_error_text = shown_text("last_error", "last error")
 
     @admin.display(description="its run")
     def scheduled_run(self, obj: WebhookDelivery) -> str:
