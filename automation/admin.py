@@ -15,7 +15,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.utils.html import format_html
 
-from automation.models import Automation, Worker
+from automation.models import AUTOMATION_FIELDS, MACHINE_FIELDS, Automation, Worker
 from automation.services import (
     automation_create,
     automation_deactivate,
@@ -26,19 +26,6 @@ from automation.validation import automation_errors, machine_errors
 from common.admin import DeactivatableAdmin, StorableJSONField, adopt
 from common.errors import DomainError
 from sector.selectors import sectors_active
-
-MACHINE_FIELDS = ("provider", "machine_id", "region")
-AUTOMATION_FIELDS = (
-    "name",
-    "slug",
-    "description",
-    "sector",
-    "max_concurrency",
-    "command",
-    "timeout_seconds",
-    "max_attempts",
-    "params_schema",
-)
 
 
 def add_errors(form: forms.BaseForm, errors: dict[str, list[str]]) -> None:

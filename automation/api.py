@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from automation.authentication import WorkerAuthentication
-from automation.models import Automation, Worker
+from automation.models import AUTOMATION_FIELDS, Automation, Worker
 from automation.permissions import IsWorker
 from automation.selectors import automation_for_caller, automation_list
 from automation.services import (
@@ -85,15 +85,7 @@ class AutomationSerializer(serializers.ModelSerializer):
         model = Automation
         fields = (
             "id",
-            "name",
-            "slug",
-            "description",
-            "sector",
-            "max_concurrency",
-            "command",
-            "timeout_seconds",
-            "max_attempts",
-            "params_schema",
+            *AUTOMATION_FIELDS,
             "is_active",
             "created_at",
             "updated_at",

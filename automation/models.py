@@ -10,6 +10,21 @@ from django.utils import timezone
 from common.errors import Conflict
 from common.models import Deactivatable, Timestamped
 
+# What a person sets on an automation (the API and the admin alike), and where its worker's
+# machine is.
+AUTOMATION_FIELDS = (
+    "name",
+    "slug",
+    "description",
+    "sector",
+    "max_concurrency",
+    "command",
+    "timeout_seconds",
+    "max_attempts",
+    "params_schema",
+)
+MACHINE_FIELDS = ("provider", "machine_id", "region")
+
 
 class Automation(Timestamped, Deactivatable):
     """Something a tenant can run: a command executed by the automation's own worker."""

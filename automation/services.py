@@ -27,7 +27,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from automation.authentication import hash_credential, new_credential
-from automation.models import Automation, Worker
+from automation.models import MACHINE_FIELDS, Automation, Worker
 from automation.validation import automation_errors, machine_errors
 from common.errors import Conflict, InvalidInput, NotFound
 from common.models import save_or_refuse
@@ -47,7 +47,6 @@ UPDATABLE_FIELDS = frozenset(
         "params_schema",
     }
 )
-MACHINE_FIELDS = ("provider", "machine_id", "region")
 
 
 class CreatedAutomation(NamedTuple):

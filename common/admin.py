@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Model, QuerySet
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpResponseRedirect
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince
@@ -87,6 +88,22 @@ class DeactivatableAdmin(NeverDeletedAdmin):
                 count += 1
         if count:
             self.message_user(request, done_message.format(count=count), messages.SUCCESS)
+
+
+def deactivate_action(description: str, deactivate: Callable[[Model, Any], Any]):
+    """A ``DeactivatableAdmin`` action calling ``deactivate(row, actor)`` for each selected
+    row (``deactivate_each``)."""
+
+    @admin.action(description=description)
+    def action(model_admin: DeactivatableAdmin, request, queryset: QuerySet) -> None:
+        model_admin.deactivate_each(
+            request,
+            queryset,
+            lambda row: deactivate(row, request.user),
+            done_message="{count} deactivated.",
+        )
+
+    return action
 
 
 class StorableJSONField(forms.JSONField):
@@ -184,6 +201,14 @@ def duration(start: datetime | None, end: datetime | None) -> str:
 def pretty_json(value: Any) -> str:
     """A JSON value as an indented block on a read-only page."""
     return format_html("<pre>{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def change_link(model: str, pk: Any, text: str | None = None) -> str:
+    """A link to one row's admin page (``model``: ``"job_job"``), or "—" without a row."""
+    if pk is None:
+        return "—"
+    url = reverse(f"admin:{model}_change", args=[pk])
+    return format_html('<a href="{}">{}</a>', url, pk if text is None else text)
 
 
 class OneJobFilter(admin.SimpleListFilter):

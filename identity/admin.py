@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from common.admin import DeactivatableAdmin, NeverDeletedAdmin
+from common.admin import DeactivatableAdmin, NeverDeletedAdmin, deactivate_action
 from identity import services
 from identity.models import RefreshToken, Tenant, User
 
@@ -35,14 +35,10 @@ class TenantAdmin(DeactivatableAdmin, admin.ModelAdmin):
             created = services.tenant_create(name=obj.name, slug=obj.slug, actor=request.user)
             obj.pk = created.pk
 
-    @admin.action(description="Deactivate the selected tenants")
-    def deactivate(self, request, queryset) -> None:
-        self.deactivate_each(
-            request,
-            queryset,
-            lambda tenant: services.tenant_deactivate(tenant=tenant, actor=request.user),
-            done_message="{count} deactivated.",
-        )
+    deactivate = deactivate_action(
+        "Deactivate the selected tenants",
+        lambda tenant, actor: services.tenant_deactivate(tenant=tenant, actor=actor),
+    )
 
 
 @admin.register(User)
@@ -83,14 +79,10 @@ class UserAdmin(DeactivatableAdmin, admin.ModelAdmin):
     def save_model(self, request, obj, form, change) -> None:
         services.user_update(user=obj, full_name=obj.full_name, role=obj.role, actor=request.user)
 
-    @admin.action(description="Deactivate the selected users")
-    def deactivate(self, request, queryset) -> None:
-        self.deactivate_each(
-            request,
-            queryset,
-            lambda user: services.user_deactivate(user=user, actor=request.user),
-            done_message="{count} deactivated.",
-        )
+    deactivate = deactivate_action(
+        "Deactivate the selected users",
+        lambda user, actor: services.user_deactivate(user=user, actor=actor),
+    )
 
 
 @admin.register(RefreshToken)

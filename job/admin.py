@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -119,33 +120,8 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
             },
         ),
     )
-    readonly_fields = (
-        "id",
-        "status_shown",
-        "tenant_link",
-        "automation_link",
-        "requested_by",
-        "started_by",
-        "attempt",
-        "correlation_id",
-        "links",
-        "params_json",
-        "idempotency_key",
-        "created_shown",
-        "started_shown",
-        "last_heartbeat_shown",
-        "lease_expires_shown",
-        "cancel_requested_shown",
-        "finished_shown",
-        "took",
-        "claim_token",
-        "progress_json",
-        "failure_reason",
-        "error_text",
-        "exit_code",
-        "result_json",
-        "output_text",
-    )
+    # Every field of the page is shown, none edited (a job changes through its services).
+    readonly_fields = flatten_fieldsets(fieldsets)
 
     def get_urls(self):
         cancel = path(

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.contrib import admin, messages
-from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
@@ -18,6 +17,7 @@ from common.admin import (
     ReadOnlyAdmin,
     age,
     age_filter,
+    change_link,
     duration,
     moment,
     shown_at,
@@ -245,10 +245,7 @@ class TaskRunAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     @admin.display(description="job")
     def job(self, run: TaskRun) -> str:
         job_id = run_job_ids([run.run_id]).get(str(run.run_id))
-        if job_id is None:
-            return "—"
-        url = reverse("admin:job_job_change", args=[job_id])
-        return format_html('<a href="{}">job {}</a>', url, job_id)
+        return change_link("job_job", job_id, f"job {job_id}")
 
     created_shown = shown_at("created_at", "created", ordering="created_at")
     updated_shown = shown_at("updated_at", "last change", ordering="updated_at")
@@ -309,17 +306,7 @@ class EventAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     search_fields = ("=aggregate_id", "=correlation_id", "=actor")
     ordering = ("-id",)
     show_full_result_count = False
-    fields = (
-        "id",
-        "type",
-        "aggregate_type",
-        "aggregate_id",
-        "tenant",
-        "actor",
-        "correlation_id",
-        "occurred_at",
-        "payload_json",
-    )
+    fields = (*list_display, "payload_json")
     readonly_fields = fields
 
     payload_json = shown_json("payload", "payload")

@@ -14,6 +14,7 @@ from common.admin import (
     NeverDeletedAdmin,
     OneJobFilter,
     adopt,
+    change_link,
     moment,
     pretty_json,
     shown_at,
@@ -258,10 +259,7 @@ class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
     def job(self, obj: WebhookDelivery) -> str:
         if not hasattr(obj, "job_id"):
             obj.job_id = event_job_ids([obj.event_id]).get(obj.event_id)
-        if obj.job_id is None:
-            return "—"
-        url = reverse("admin:job_job_change", args=[obj.job_id])
-        return format_html('<a href="{}">job {}</a>', url, obj.job_id)
+        return change_link("job_job", obj.job_id, f"job {obj.job_id}")
 
     @admin.display(description="last answer")
     def last_answer(self, obj: WebhookDelivery) -> str:
@@ -279,10 +277,7 @@ class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
 
     @admin.display(description="its run")
     def scheduled_run(self, obj: WebhookDelivery) -> str:
-        if obj.scheduled_run_id is None:
-            return "—"
-        url = reverse("admin:outbox_taskrun_change", args=[obj.scheduled_run_id])
-        return format_html('<a href="{}">{}</a>', url, obj.scheduled_run_id)
+        return change_link("outbox_taskrun", obj.scheduled_run_id)
 
     @admin.display(description="body")
     def body_json(self, obj: WebhookDelivery) -> str:
