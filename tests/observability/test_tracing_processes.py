@@ -105,10 +105,25 @@ def test_one_job_is_one_trace_across_the_processes_and_their_log_lines(
         timeout=90,
         message=lambda: f"job is {job_status(job_id)}\n{processes.log_text()}",
     )
+    # Each process exports its spans in batches, a parent after its children (the worker's
+    # run of webhook.deliver ends after the POST it made): wait for every one of them.
+    expected = [
+        "relay.publish machines.power_on",
+        "relay.publish webhook.deliver",
+        "worker.run machines.power_on",
+        "worker.run webhook.deliver",
+        "agent.claim",
+        "agent.job",
+        "agent.report",
+        "webhook.deliver POST",
+    ]
     wait_until(
-        lambda: exported("webhook.deliver POST"),
+        lambda: all(exported(name) for name in expected),
         timeout=60,
-        message=lambda: f"{[s[:2] for s in collector.spans]}\n{processes.log_text()}",
+        message=lambda: (
+            f"missing {[n for n in expected if not exported(n)]}\n"
+            f"{[s[:2] for s in collector.spans]}\n{processes.log_text()}"
+        ),
     )
 
     # The spans of each process, in the trace of the POST served here.
