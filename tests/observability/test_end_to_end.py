@@ -231,9 +231,19 @@ def test_the_relay_line_and_the_task_run_line_share_the_post_s_request_id(json_l
     ]
     (post_line,) = [line for line in http_lines if line["path"] == "/api/v1/jobs"]
     assert post_line["method"] == "POST" and post_line["status"] == 201
+
     # The automation worker's claim and report carry the job's request id (and its job_id).
-    claim_lines = [line for line in http_lines if line["path"].endswith("/start")]
-    report_lines = [line for line in http_lines if line["path"].endswith("/complete")]
-    assert claim_lines and report_lines, http_lines
+    # They come after the power-on's run finished: wait for both.
+    def worker_calls(ending: str) -> list[dict]:
+        return [
+            line
+            for line in json_lines.json()
+            if line["logger"] == "hubdommed.http"
+            and line.get("correlation_id") == request_id
+            and line["path"].endswith(ending)
+        ]
+
+    claim_lines = wait_until(lambda: worker_calls("/start"), timeout=30, message="the claim")
+    report_lines = wait_until(lambda: worker_calls("/complete"), timeout=30, message="the report")
     assert all(line.get("job_id") for line in [*claim_lines, *report_lines])
     assert post_line["tenant_id"]
