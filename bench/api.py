@@ -56,6 +56,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from bench.load import add_load_arguments, require_quiet  # noqa: E402
 from identity.tokens import issue_access_token  # noqa: E402
 from outbox.wake import redis_client  # noqa: E402
 from tests.factories import AutomationFactory, TenantFactory, UserFactory  # noqa: E402
@@ -321,7 +322,9 @@ def main() -> None:
         action="store_true",
         help="drop the status and automation list indexes first (the figures before them)",
     )
+    add_load_arguments(parser)
     args = parser.parse_args()
+    require_quiet(args)
     # A terminated run stops its gunicorn and empties its database too (the finally below).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 

@@ -43,6 +43,7 @@ from rest_framework.test import APIClient  # noqa: E402
 
 from automation.authentication import hash_credential, new_credential  # noqa: E402
 from automation.models import Automation, Worker  # noqa: E402
+from bench.load import add_load_arguments, require_quiet  # noqa: E402
 from common.errors import Conflict  # noqa: E402
 from identity.models import Tenant, User  # noqa: E402
 from job.models import Job  # noqa: E402
@@ -195,7 +196,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=400, help="pending jobs per level")
     parser.add_argument("--via", choices=("service", "api"), default="service")
     parser.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
+    add_load_arguments(parser)
     args = parser.parse_args()
+    require_quiet(args)
 
     subprocess.run([sys.executable, "scripts/ensure_database.py"], cwd=ROOT, check=True)
     call_command("migrate", verbosity=0)

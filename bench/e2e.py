@@ -42,6 +42,7 @@ from django.core.management import call_command  # noqa: E402
 
 from automation.models import Worker  # noqa: E402
 from automation.services import automation_create  # noqa: E402
+from bench.load import add_load_arguments, require_quiet  # noqa: E402
 from broker import topology  # noqa: E402
 from broker.topology import QUEUES  # noqa: E402
 from identity.tokens import issue_access_token  # noqa: E402
@@ -85,7 +86,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--rate", type=float, default=5.0, help="jobs posted per second")
     parser.add_argument("--concurrency", type=int, default=4, help="the automation's limit")
+    add_load_arguments(parser)
     args = parser.parse_args()
+    require_quiet(args)
 
     subprocess.run([sys.executable, "scripts/ensure_database.py"], cwd=ROOT, check=True)
     call_command("migrate", verbosity=0)

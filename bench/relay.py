@@ -49,7 +49,7 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from bench.load import load_note  # noqa: E402
+from bench.load import add_load_arguments, load_note, require_quiet  # noqa: E402
 from broker import get_transport, topology  # noqa: E402
 from broker.rabbitmq.publisher import message_properties  # noqa: E402
 from broker.sqs.publisher import batch_entries, sqs_client  # noqa: E402
@@ -431,7 +431,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=settings.RELAY_BATCH_SIZE)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", choices=["rabbitmq", "sqs", "latency", "history"])
+    add_load_arguments(parser)
     args = parser.parse_args()
+    require_quiet(args)
 
     subprocess.run([sys.executable, "scripts/ensure_database.py"], cwd=ROOT, check=True)
     call_command("migrate", verbosity=0)
