@@ -64,8 +64,9 @@ MIDDLEWARE = [
     # one format whatever DEBUG says (no debug page, which lists settings and environment).
     "common.middleware.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    # Serves the admin's and the API docs' static files from the application server itself.
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Serves the admin's and the API docs' static files from the application server itself
+    # (WhiteNoise, its table of files read once per process).
+    "common.static_files.StaticFilesMiddleware",
     # Before anything reads the session cookie, the query string or a form.
     "common.middleware.UnstorableTextMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
