@@ -8,7 +8,7 @@ import secrets
 
 from rest_framework import exceptions
 
-from identity.authentication import BearerAuthentication, BearerScheme
+from identity.authentication import BearerAuthentication
 
 CREDENTIAL_PREFIX = "hdw_"
 
@@ -46,9 +46,3 @@ class WorkerAuthentication(BearerAuthentication):
                 "Invalid worker credential.", code="invalid_token"
             )
         return worker, None
-
-
-class WorkerCredentialScheme(BearerScheme):
-    target_class = "automation.authentication.WorkerAuthentication"
-    name = "workerCredential"
-    description = "An automation worker's own credential (shown once when created)."

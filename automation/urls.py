@@ -1,6 +1,6 @@
 from django.urls import path
 
-from automation import api
+from automation import api, schema  # noqa: F401  (the credentials in the OpenAPI schema)
 from common.urls import member_actions
 
 urlpatterns = [

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 
 from common.context import bind_log_ids
@@ -72,23 +71,3 @@ def bearer_token(request) -> str | None:
         raise exceptions.AuthenticationFailed(
             "Malformed Authorization header.", code="invalid_token"
         ) from None
-
-
-class BearerScheme(OpenApiAuthenticationExtension):
-    """How the schema shows a ``BearerAuthentication``: its ``description`` and, where
-    the credential has one, its ``bearer_format``. (No ``target_class``: it documents
-    nothing itself.)"""
-
-    description: str
-    bearer_format: str | None = None
-
-    def get_security_definition(self, auto_schema):
-        format_ = {"bearerFormat": self.bearer_format} if self.bearer_format else {}
-        return {"type": "http", "scheme": "bearer", **format_, "description": self.description}
-
-
-class AccessTokenScheme(BearerScheme):
-    target_class = "identity.authentication.AccessTokenAuthentication"
-    name = "accessToken"
-    bearer_format = "JWT"
-    description = "A short-lived access token from POST /api/v1/auth/login."

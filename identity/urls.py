@@ -1,6 +1,7 @@
 from django.urls import path
 
 from common.urls import member_actions
+from identity import schema  # noqa: F401  (the credentials in the OpenAPI schema)
 from identity.api import auth, tenants, users
 
 urlpatterns = [

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import boto3
-from botocore.config import Config
 from django.conf import settings
 
 from automation.machines.base import MachineProvider, MachineState, PowerOn
@@ -24,6 +22,11 @@ class Ec2Provider(MachineProvider):
     name = "ec2"
 
     def client(self, worker):
+        # Imported here: boto3 is a tenth of a second of every process's start, and only
+        # the processes that drive EC2 machines need it.
+        import boto3
+        from botocore.config import Config
+
         return boto3.client(
             "ec2",
             region_name=worker.region or settings.AWS_REGION,
