@@ -101,7 +101,7 @@ def test_a_real_scheduler_starts_a_run_within_a_second_of_its_due_time(
     finally:
         wait_until_it_handles(process, signal.SIGTERM)
         process.send_signal(signal.SIGTERM)
-        out, err = process.communicate(timeout=30)
+        _out, err = process.communicate(timeout=30)
 
     assert process.returncode == 0, err
     assert job.triggered_by["due_at"] == due.isoformat()
