@@ -48,7 +48,7 @@ from broker.topology import automation_queue_name
 from common import tracing
 from common.context import get_correlation_id
 from outbox.catalog import TaskSpec, get_catalog
-from outbox.listeners import RecordedEvent, notify_listeners
+from outbox.listeners import RecordedEvent, notify_listeners, notify_listeners_of_many
 from outbox.models import Event, OutboxMessage, PlatformOutboxMessage, TaskRun, clock_timestamp
 from outbox.wake import signal_relay_on_commit
 
@@ -205,8 +205,7 @@ def _publish_chunk(occurrences: list[Occurrence]) -> list[Published]:
         for record in events
     ]
     try:
-        for event in recorded:
-            notify_listeners(event)
+        notify_listeners_of_many(recorded)
     except Exception:
         if not connection.needs_rollback:
             Event.objects.filter(pk__in=[record.pk for record in events]).delete()
