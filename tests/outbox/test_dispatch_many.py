@@ -196,3 +196,20 @@ def test_an_envelope_over_the_limit_with_its_event_id_is_refused_before_any_writ
 
     assert list(Event.objects.values_list("aggregate_id", flat=True)) == ["7"]
     assert counts() == (2, 1, 2, 1)
+
+
+def test_a_listener_with_a_batch_form_hears_the_events_of_one_call_together(monkeypatch):
+    monkeypatch.setattr(listeners, "_listeners", {})
+    monkeypatch.setattr(listeners, "_batch_listeners", {})
+    tenant = TenantFactory()
+    one_by_one: list[RecordedEvent] = []
+    together: list[list[RecordedEvent]] = []
+    register_event_listener("test.batch", one_by_one.append, batch=together.append)
+
+    with transaction.atomic():
+        published = publish_many(_created(n, tenant) for n in range(4))
+
+    assert one_by_one == []
+    assert [[event.id for event in events] for events in together] == [
+        [p.event_id for p in published]
+    ]
