@@ -1,23 +1,35 @@
-"""Scheduled runs started per second when many schedules fall due at once, by 1 and 2 firings.
+"""Ten thousand schedules due at once, and how late a lone due run starts.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/hub_schedule_bench \
-        .venv/bin/python bench/schedules.py --schedules 1000
+        .venv/bin/python bench/schedules.py --schedules 10000 --rounds 5
 
-Creates and migrates the database if needed, and works on a tenant and automation of its
-own. For each level, N schedules of one cron expression fall due at the same time; one
-or two firings (threads, each with its own database connection, as ``run_scheduler``
-processes would be) call ``schedules_fire_due`` batch after batch until nothing is due.
-Reported: the wall time until every schedule started its job, jobs started per second, the
-latency of one batch, and the check that each due time started exactly one job.
+Creates and migrates the database if needed, and works on tenants and automations of its
+own. Each round, interleaved, measures:
+
+- the bare INSERT + COMMIT, the floor of any write transaction, in the same run;
+- N schedules of one cron expression due at the same time, fired by one and then by two
+  firings (threads, each with its own database connection, as ``run_scheduler`` processes
+  would be) calling ``schedules_fire_due`` batch after batch until nothing is due: the
+  time until every job exists, jobs per second, and the check that each (schedule, due
+  time) started exactly one job;
+- the lateness of a lone due run: a real ``manage.py run_scheduler`` (default interval),
+  a schedule created while it sleeps, due at the next minute; the time from its due time
+  to its job's creation.
+
+Printed: each round with the load average at its start, then the medians (p50/p99 of the
+lateness over the rounds). A figure taken at a load average above 2 does not count.
+``--smoke`` is a short form that proves the command works (100 schedules, one round).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -38,28 +50,39 @@ from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from automation.models import Automation  # noqa: E402
+from bench.load import load_note  # noqa: E402
 from identity.models import Tenant  # noqa: E402
 from job.models import Job  # noqa: E402
 from schedule.firing import schedules_fire_due  # noqa: E402
 from schedule.models import Schedule  # noqa: E402
+from schedule.services import schedule_create, schedule_deactivate  # noqa: E402
 from sector.models import Sector  # noqa: E402
 
 LEVELS = (1, 2)
-BATCH = 100
+# Tenants the due schedules belong to (a tenant holds at most SCHEDULE_MAX_PER_TENANT).
+TENANTS = 50
 
 
-def setup(count: int) -> tuple[Tenant, list[int]]:
+def owners() -> tuple[list[Tenant], Automation]:
     tag = uuid.uuid4().hex[:8]
-    tenant = Tenant.objects.create(name=f"Bench {tag}", slug=f"bench-{tag}")
+    tenants = [
+        Tenant.objects.create(name=f"Bench {tag} {n}", slug=f"bench-{tag}-{n}")
+        for n in range(TENANTS)
+    ]
     sector = Sector.objects.create(name=f"Bench {tag}", slug=f"bench-{tag}")
     automation = Automation.objects.create(
         name=f"Bench {tag}", slug=f"bench-{tag}", sector=sector, command=["true"]
     )
+    return tenants, automation
+
+
+def setup(count: int) -> tuple[list[Tenant], list[int]]:
+    tenants, automation = owners()
     # A yearly expression: each schedule is due once in the run, however long it takes.
     due = timezone.now().replace(month=1, day=1, hour=0, minute=0, second=0, microsecond=0)
     schedules = Schedule.objects.bulk_create(
         Schedule(
-            tenant=tenant,
+            tenant=tenants[n % TENANTS],
             automation=automation,
             name=f"s{n}",
             cron="0 0 1 1 *",
@@ -69,7 +92,7 @@ def setup(count: int) -> tuple[Tenant, list[int]]:
         )
         for n in range(count)
     )
-    return tenant, [schedule.pk for schedule in schedules]
+    return tenants, [schedule.pk for schedule in schedules]
 
 
 def commit_baseline(samples: int = 200) -> float:
@@ -87,7 +110,7 @@ def commit_baseline(samples: int = 200) -> float:
 
 
 def run_level(firings: int, count: int) -> dict:
-    tenant, ids = setup(count)
+    tenants, ids = setup(count)
     start_line = threading.Barrier(firings)
     batch_ms: list[float] = []
     lock = threading.Lock()
@@ -97,7 +120,7 @@ def run_level(firings: int, count: int) -> dict:
             start_line.wait()
             while True:
                 began = time.perf_counter()
-                firing = schedules_fire_due(batch_size=BATCH)
+                firing = schedules_fire_due()
                 with lock:
                     batch_ms.append((time.perf_counter() - began) * 1000)
                 if not firing.more:
@@ -113,7 +136,7 @@ def run_level(firings: int, count: int) -> dict:
         thread.join()
     wall = time.perf_counter() - began
 
-    jobs = Job.objects.filter(tenant=tenant)
+    jobs = Job.objects.filter(tenant__in=tenants)
     runs = Counter(
         (j["triggered_by"]["schedule"], j["triggered_by"]["due_at"])
         for j in jobs.values("triggered_by")
@@ -131,26 +154,110 @@ def run_level(firings: int, count: int) -> dict:
     }
 
 
+def lateness_of_a_lone_run(env: dict[str, str]) -> float:
+    """Seconds from a lone schedule's due time to its job, under a real ``run_scheduler``
+    that was asleep when the schedule was created (it wakes on the change, then sleeps
+    until the due time)."""
+    tenants, automation = owners()
+    with tempfile.TemporaryDirectory() as tmp:
+        alive = Path(tmp) / "scheduler.alive"
+        process = subprocess.Popen(
+            [sys.executable, "manage.py", "run_scheduler"],
+            cwd=ROOT,
+            env={**env, "LIVENESS_FILE": str(alive)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait(alive.exists, 60, "the scheduler's first cycle")
+            # At least two seconds before the minute: created while the scheduler sleeps.
+            while timezone.now().second >= 58:
+                time.sleep(0.1)
+            schedule = schedule_create(
+                tenant=tenants[0],
+                actor=None,
+                automation_id=automation.pk,
+                cron="* * * * *",
+                params={},
+            )
+            job = _wait(
+                lambda: Job.objects.filter(triggered_by__schedule=schedule.pk).first(),
+                90,
+                "the lone run's job",
+            )
+            schedule_deactivate(tenant=tenants[0], schedule_id=schedule.pk)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+    return (job.created_at - schedule.next_run_at).total_seconds()
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise SystemExit(f"gave up after {timeout:g} s waiting for {what}")
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--schedules", type=int, default=1000)
+    parser.add_argument("--schedules", type=int, default=10_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="100 schedules, one round")
     args = parser.parse_args()
+    if args.smoke:
+        args.schedules, args.rounds = 100, 1
     subprocess.run([sys.executable, "scripts/ensure_database.py"], cwd=ROOT, check=True)
     call_command("migrate", verbosity=0)
-    print(f"bare INSERT + COMMIT: {commit_baseline():.1f} ms")
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+    }
     print(
-        "| firings | schedules | jobs | most per due time | wall s | jobs/s "
-        "| batch p50 ms | batch max ms |"
+        "| round | load | bare commit ms | firings | schedules | jobs | most per due time "
+        "| until every job s | jobs/s | batch p50 ms | lone run late s |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    walls: dict[int, list[float]] = {firings: [] for firings in LEVELS}
+    commits: list[float] = []
+    late: list[float] = []
+    for n in range(1, args.rounds + 1):
+        load = load_note()
+        commit = commit_baseline()
+        commits.append(commit)
+        for firings in LEVELS:
+            r = run_level(firings, args.schedules)
+            assert r["all_started"] and r["most_per_due_time"] == 1, r
+            walls[firings].append(r["wall_s"])
+            print(
+                f"| {n} | {load} | {commit:.2f} | {r['firings']} | {r['schedules']} "
+                f"| {r['jobs']} | {r['most_per_due_time']} | {r['wall_s']:.2f} "
+                f"| {r['jobs_per_s']:.0f} | {r['batch_p50_ms']:.0f} | |",
+                flush=True,
+            )
+        late.append(lateness_of_a_lone_run(env))
+        print(f"| {n} | {load_note()} | | | | | | | | | {late[-1]:.3f} |", flush=True)
+    print()
+    print(f"bare INSERT + COMMIT, median: {statistics.median(commits):.2f} ms")
     for firings in LEVELS:
-        r = run_level(firings, args.schedules)
-        assert r["all_started"] and r["most_per_due_time"] == 1, r
+        median = statistics.median(walls[firings])
         print(
-            f"| {r['firings']} | {r['schedules']} | {r['jobs']} | {r['most_per_due_time']} "
-            f"| {r['wall_s']:.1f} | {r['jobs_per_s']:.0f} | {r['batch_p50_ms']:.0f} "
-            f"| {r['batch_max_ms']:.0f} |"
+            f"{firings} firing(s): every one of {args.schedules} jobs in {median:.2f} s "
+            f"(median of {args.rounds}), {args.schedules / median:.0f} jobs/s"
         )
+    print(
+        f"lone due run, late by: p50 {percentile(late, 0.5):.3f} s, "
+        f"p99 {percentile(late, 0.99):.3f} s (over {len(late)} rounds)"
+    )
 
 
 if __name__ == "__main__":

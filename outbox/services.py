@@ -1,6 +1,7 @@
-"""The outbox write path: ``dispatch`` and ``publish``.
+"""The outbox write path: ``dispatch`` and ``publish``, and their bulk forms
+``dispatch_many`` and ``publish_many``.
 
-Both run inside the caller's transaction and write everything the change
+All run inside the caller's transaction and write everything the change
 causes: the outbox row(s), their ``task_runs`` rows (``queued``) and, for an
 event, its row in the ``events`` trail. A message addressed to an automation's own
 worker gets no ``task_runs`` row: that worker has no database and never settles a
@@ -21,6 +22,11 @@ committed the change; it is there only while tracing is on (``common.tracing``).
 
 ``destination`` is the queue the message belongs to, without the environment's
 prefix: the queue class, or ``automation-<id>`` for an automation's own worker.
+
+The bulk forms write what as many calls of ``dispatch`` or ``publish`` would (one row per
+subscriber of each event, the delay as ``available_at``, one wake after the commit) in a
+few statements for all of them, not a few for each: a batch of due schedules, an event
+fanned out to many.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from broker.topology import automation_queue_name
 from common import tracing
 from common.context import get_correlation_id
 from outbox.catalog import TaskSpec, get_catalog
-from outbox.listeners import RecordedEvent, notify_listeners
+from outbox.listeners import RecordedEvent, notify_listeners, notify_listeners_of_many
 from outbox.models import Event, OutboxMessage, PlatformOutboxMessage, TaskRun, clock_timestamp
 from outbox.wake import signal_relay_on_commit
 
@@ -88,6 +94,171 @@ def dispatch(
         runs = _prepare_runs([spec], body, tenant_id=_id_of(tenant), event=None, delay=delay)
         (run_id,) = runs.write()
     return run_id
+
+
+def dispatch_many(
+    task: str,
+    payloads: Iterable[Mapping[str, Any]],
+    *,
+    tenant: Any = None,
+    delay: timedelta | float | None = None,
+) -> list[uuid.UUID]:
+    """Record one run of ``task`` per payload, as that many ``dispatch`` calls would, in
+    one statement. Returns their run_ids, in the payloads' order; a payload refused (not
+    JSON, an envelope too large) refuses them all before anything is written."""
+    _require_transaction()
+    spec = get_catalog().task(task)
+    bodies = [_json_object(payload) for payload in payloads]
+    tenant_id = _id_of(tenant)
+    with tracing.maybe_span(
+        f"outbox.dispatch_many {task}",
+        attributes={"hubdommed.task": task, "hubdommed.runs": len(bodies)},
+    ):
+        runs = _Runs.joined(
+            [
+                _prepare_runs([spec], body, tenant_id=tenant_id, event=None, delay=delay)
+                for body in bodies
+            ]
+        )
+        return runs.write()
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One event for ``publish_many``: the arguments of one ``publish``."""
+
+    event: str
+    payload: Mapping[str, Any]
+    aggregate: Any
+    tenant: Any = None
+    actor: Any = None
+
+
+# Events ``publish_many`` writes in one statement: its parameters stay well within the
+# 65,535 a PostgreSQL statement takes, whatever the number of subscribers.
+PUBLISH_MANY_CHUNK = 500
+
+
+def publish_many(occurrences: Iterable[Occurrence]) -> list[Published]:
+    """Record many events, as that many ``publish`` calls would (each its trail row and one
+    run per subscriber, the listeners told of each), in two statements per
+    ``PUBLISH_MANY_CHUNK`` events. Returns one ``Published`` per occurrence, in order.
+
+    Every refusal (a payload missing its routing key, an envelope too large) is found
+    before anything is written, and refuses them all; a listener that fails undoes them all.
+    """
+    _require_transaction()
+    occurrences = list(occurrences)
+    published: list[Published] = []
+    with tracing.maybe_span(
+        "outbox.publish_many", attributes={"hubdommed.events": len(occurrences)}
+    ):
+        for start in range(0, len(occurrences), PUBLISH_MANY_CHUNK):
+            published.extend(_publish_chunk(occurrences[start : start + PUBLISH_MANY_CHUNK]))
+    return published
+
+
+def _publish_chunk(occurrences: list[Occurrence]) -> list[Published]:
+    catalog = get_catalog()
+    prepared: list[tuple[_Runs, Event]] = []
+    for occurrence in occurrences:
+        body = _json_object(occurrence.payload)
+        aggregate_type, aggregate_id = _aggregate_key(occurrence.aggregate)
+        tenant_id = _id_of(occurrence.tenant)
+        runs = _prepare_runs(
+            catalog.subscribers(occurrence.event),
+            body,
+            tenant_id=tenant_id,
+            event=occurrence.event,
+            delay=None,
+        )
+        record = Event(
+            type=occurrence.event,
+            aggregate_type=aggregate_type,
+            aggregate_id=aggregate_id,
+            tenant_id=tenant_id,
+            actor=actor_label(occurrence.actor),
+            payload=json.loads(body),
+            correlation_id=get_correlation_id(),
+        )
+        prepared.append((runs, record))
+    if not prepared:
+        return []
+    # The events' ids first (one statement): each envelope then carries its own, checked
+    # for size before anything is written.
+    for (runs, record), event_id in zip(prepared, _new_event_ids(len(prepared)), strict=True):
+        record.pk = event_id
+        runs.take_event_id(event_id)
+    events = [record for _, record in prepared]
+    groups = [runs for runs, _ in prepared]
+    _write_many(groups, events)
+    recorded = [
+        RecordedEvent(
+            id=record.pk,
+            type=record.type,
+            tenant_id=record.tenant_id,
+            aggregate_type=record.aggregate_type,
+            aggregate_id=record.aggregate_id,
+            payload=record.payload,
+            occurred_at=record.occurred_at,
+        )
+        for record in events
+    ]
+    try:
+        notify_listeners_of_many(recorded)
+    except Exception:
+        if not connection.needs_rollback:
+            Event.objects.filter(pk__in=[record.pk for record in events]).delete()
+            run_ids = [run_id for runs in groups for run_id in runs.run_ids]
+            for model in (OutboxMessage, PlatformOutboxMessage):
+                model.objects.filter(run_id__in=run_ids).delete()
+            TaskRun.objects.filter(run_id__in=run_ids).delete()
+        raise
+    return [Published(event_id=record.pk, run_ids=tuple(runs.run_ids)) for runs, record in prepared]
+
+
+_NEW_EVENTS = 'SELECT "id", "occurred_at" FROM new_events'
+
+
+def _new_event_ids(count: int) -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)",
+            [Event._meta.db_table, count],
+        )
+        return [event_id for (event_id,) in cursor.fetchall()]
+
+
+def _write_many(groups: list[_Runs], events: list[Event]) -> None:
+    """Write ``events`` (their ids already taken) and the outbox rows and runs of every
+    group, in one statement; the events get the database's ``occurred_at``."""
+    parts, params = [], []
+    sql, values = _insert_sql(Event, events, with_pk=True)
+    # The ids were taken from the column's own sequence: an identity column takes them so.
+    sql = sql.replace(") VALUES (", ") OVERRIDING SYSTEM VALUE VALUES (", 1)
+    parts.append(f'new_events AS ({sql} RETURNING "id", "occurred_at")')
+    params.extend(values)
+    task_runs = [run for runs in groups for run in runs.runs]
+    if task_runs:
+        sql, values = _insert_sql(TaskRun, task_runs)
+        parts.append(f"new_runs AS ({sql})")
+        params.extend(values)
+    by_model: dict[type[models.Model], list[models.Model]] = {}
+    for runs in groups:
+        by_model.setdefault(runs.model, []).extend(runs.messages)
+    for n, (model, messages) in enumerate(by_model.items()):
+        if messages:
+            sql, values = _insert_sql(model, messages)
+            parts.append(f"new_messages_{n} AS ({sql})")
+            params.extend(values)
+    with connection.cursor() as cursor:
+        # Only the models' own INSERTs are joined here; every value is a parameter.
+        cursor.execute(f"WITH {', '.join(parts)} {_NEW_EVENTS}", params)
+        occurred = dict(cursor.fetchall())
+    for event in events:
+        event.occurred_at = occurred[event.pk]
+    if any(runs.messages for runs in groups):
+        signal_relay_on_commit()
 
 
 def publish(
@@ -181,6 +352,24 @@ class _Runs:
     def run_ids(self) -> list[uuid.UUID]:
         return [message.run_id for message in self.messages]
 
+    @classmethod
+    def joined(cls, parts: list[_Runs]) -> _Runs:
+        """The rows of several dispatches of one tenant (or none), written as one."""
+        model = parts[0].model if parts else PlatformOutboxMessage
+        return cls(
+            model,
+            [message for part in parts for message in part.messages],
+            [run for part in parts for run in part.runs],
+            [size for part in parts for size in part.sizes],
+        )
+
+    def take_event_id(self, event_id: int) -> None:
+        """Name the event (its id taken before it is written) in every envelope, and
+        check their sizes with it."""
+        for message, size in zip(self.messages, self.sizes, strict=True):
+            message.envelope["event_id"] = event_id
+            _check_size(message.envelope["task"], size - _NULL_ID_LENGTH + len(str(event_id)))
+
     def write(self) -> list[uuid.UUID]:
         """Write the outbox rows and their runs, in one statement."""
         if self.messages:
@@ -260,13 +449,16 @@ class _WithEventId(RawSQL):
         )
 
 
-def _insert_sql(model: type[models.Model], objs: list[models.Model]) -> tuple[str, list[Any]]:
-    """The INSERT of ``objs`` that ``bulk_create`` would send, as SQL and parameters."""
+def _insert_sql(
+    model: type[models.Model], objs: list[models.Model], *, with_pk: bool = False
+) -> tuple[str, list[Any]]:
+    """The INSERT of ``objs`` that ``bulk_create`` would send, as SQL and parameters
+    (``with_pk``: their ids, taken before, are written too)."""
     meta = model._meta
     fields = [
         field
         for field in meta.concrete_fields
-        if not field.generated and field is not meta.auto_field
+        if not field.generated and (with_pk or field is not meta.auto_field)
     ]
     query = InsertQuery(model)
     query.insert_values(fields, objs)

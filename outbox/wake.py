@@ -2,12 +2,17 @@
 
 Only an accelerator. A lost signal loses nothing (the relay also sweeps), so
 Redis being slow or down is logged and never fails the caller.
+
+The same signal on a key of its own wakes another daemon that sleeps until a change
+(the scheduler, when a schedule's next due time moved): ``signal_key`` and
+``signal_key_on_commit`` push it, ``wait_for_signal`` waits for it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from functools import partial
 
 import redis
 from django.conf import settings
@@ -57,3 +62,41 @@ def signal_relay_on_commit(using: str | None = None) -> None:
     if any(entry[1] is signal_relay for entry in connection.run_on_commit):
         return
     transaction.on_commit(signal_relay, using=using)
+
+
+def signal_key(key: str) -> bool:
+    """Push the wake signal on ``key`` now (one pending at most). Returns whether Redis
+    took it; a Redis away is logged: whoever waits on ``key`` also sweeps."""
+    try:
+        pipe = redis_client().pipeline(transaction=False)
+        pipe.lpush(key, 1)
+        pipe.ltrim(key, 0, 0)
+        pipe.execute()
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("wake signal %s not sent (its sweep will pick the change up): %s", key, exc)
+        return False
+    return True
+
+
+def signal_key_on_commit(key: str, using: str | None = None) -> None:
+    """One wake signal on ``key`` when the current transaction commits (never before)."""
+    connection = transaction.get_connection(using)
+    for entry in connection.run_on_commit:
+        callback = entry[1]
+        if (
+            isinstance(callback, partial)
+            and callback.func is signal_key
+            and callback.args == (key,)
+        ):
+            return
+    transaction.on_commit(partial(signal_key, key), using=using)
+
+
+def wait_for_signal(client: redis.Redis, key: str, timeout: float) -> bool:
+    """Block up to ``timeout`` seconds for a signal on ``key``; True when one came.
+    ``client`` must allow a read that long (``redis_client``'s timeouts are short). Raises
+    ``redis.RedisError`` or ``OSError`` when Redis is away: the caller sleeps instead."""
+    if timeout <= 0:
+        return False
+    # BLPOP takes fractions of a second; 0 would mean forever.
+    return client.blpop([key], timeout=max(timeout, 0.01)) is not None

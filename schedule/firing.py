@@ -9,6 +9,14 @@ person's edit or another firing in between makes the plan stale, and the row is 
 the next cycle), and starts the jobs. ``manage.py run_scheduler`` runs
 ``schedules_fire_due``, both steps, batch after batch.
 
+The batch is fired as a set: its jobs, their events, task runs and outbox rows, its run
+rows and the schedules' new state are written in a few statements for the whole batch
+(``job.batch.jobs_create_many``, ``outbox.services.publish_many``, one INSERT of the runs,
+one UPDATE of the schedules), not a transaction each. When that fails (a row the database
+refuses, a due time another firing took meanwhile), it is rolled back to its savepoint and
+the same batch is fired again schedule by schedule, each in a savepoint of its own: the bad
+row is isolated, and the others fire.
+
 What starts, for a schedule whose ``next_run_at`` has come:
 
 * every due time from ``next_run_at`` that is at most ``SCHEDULE_MISFIRE_GRACE_SECONDS``
@@ -19,8 +27,9 @@ What starts, for a schedule whose ``next_run_at`` has come:
   stands for the ones missed before it); ``skip`` starts none of them.
 
 A schedule whose firing fails for a reason no rule above covers (a bug, a database that
-refuses its job) is rolled back alone and moves on to its next due time, logged and
-counted (``hubdommed_scheduler_errors_total{cause="bug"}``): it never stops its batch.
+refuses its job) is rolled back alone (in the batch fired again one by one) and moves on
+to its next due time, logged and counted (``hubdommed_scheduler_errors_total{cause="bug"}``):
+it never stops its batch.
 
 SKIP LOCKED keeps two firings from taking the same schedule at once; the unique key on
 (schedule, due time) keeps a due time from starting a second job whatever else happens (a
@@ -34,12 +43,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, InterfaceError, OperationalError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from common.errors import DomainError
 from common.models import violated_constraint
+from job.batch import JobRequest, jobs_create_many
 from job.services import job_create
 from schedule import calendar
 from schedule.models import Misfire, Schedule, ScheduleRun
@@ -81,11 +91,16 @@ class Plan:
     problem: str | None = None
 
 
+# Schedules a batch plans and fires at most: its set's statements stay well within the
+# parameters a PostgreSQL statement takes (65,535), and its transaction short.
+BATCH_SIZE = 500
+
+
 def misfire_grace() -> timedelta:
     return timedelta(seconds=settings.SCHEDULE_MISFIRE_GRACE_SECONDS)
 
 
-def schedules_fire_due(*, now: datetime | None = None, batch_size: int = 100) -> Firing:
+def schedules_fire_due(*, now: datetime | None = None, batch_size: int = BATCH_SIZE) -> Firing:
     """Plan one batch of due schedules, then fire it."""
     now = now or timezone.now()
     plans = schedules_plan_due(now=now, batch_size=batch_size)
@@ -95,7 +110,17 @@ def schedules_fire_due(*, now: datetime | None = None, batch_size: int = 100) ->
     return firing
 
 
-def schedules_plan_due(*, now: datetime, batch_size: int = 100) -> list[Plan]:
+def next_due_at() -> datetime | None:
+    """The earliest due time of any running schedule: the scheduler sleeps until then."""
+    return (
+        Schedule.objects.filter(next_run_at__isnull=False)
+        .order_by("next_run_at")
+        .values_list("next_run_at", flat=True)
+        .first()
+    )
+
+
+def schedules_plan_due(*, now: datetime, batch_size: int = BATCH_SIZE) -> list[Plan]:
     """The plans of the earliest due schedules; reads only, outside any transaction."""
     due = (
         Schedule.objects.filter(next_run_at__lte=now)
@@ -147,43 +172,133 @@ def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
         return firing
     by_id = {plan.schedule_id: plan for plan in plans}
     with transaction.atomic():
-        locked = (
-            Schedule.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("tenant", "automation")
-            .filter(pk__in=list(by_id), next_run_at__isnull=False)
-            .order_by("next_run_at", "id")
-        )
-        for schedule in locked:
-            plan = by_id[schedule.pk]
-            if schedule.calendar_key() != plan.key:
-                continue  # changed since it was planned: the next cycle plans it again
-            started, stopped = len(firing.started), len(firing.stopped)
-            try:
-                with transaction.atomic():
-                    _apply(schedule, plan, now=now, firing=firing)
-            except (OperationalError, InterfaceError):
-                raise  # the database went away: the whole cycle is retried
-            except Exception:
-                # A bad row must not stop the batch, nor every later cycle (it would be
-                # first in line again): it moves on to its next due time without the runs
-                # that failed, logged and counted, and the others carry on. Not paused: a
-                # defect of every row (a bad deploy) then heals once fixed.
-                logger.exception("schedule %s: its firing failed; moved on", schedule.pk)
-                del firing.started[started:], firing.stopped[stopped:]  # rolled back
-                _move_on(schedule, plan, now=now)
-                firing.failed.append(schedule.pk)
-            firing.applied.append(schedule.pk)
+        locked = [
+            (schedule, by_id[schedule.pk])
+            for schedule in _locked(list(by_id))
+            # Changed since it was planned: the next cycle plans it again.
+            if schedule.calendar_key() == by_id[schedule.pk].key
+        ]
+        if not locked:
+            return firing
+        try:
+            with transaction.atomic():
+                _fire_set(locked, now=now, firing=firing)
+        except (OperationalError, InterfaceError):
+            raise  # the database went away: the whole cycle is retried
+        except Exception as exc:
+            # One row of the set refused (or a due time taken meanwhile): the set's writes
+            # are undone, and the same schedules fire one by one, each alone.
+            logger.info(
+                "a batch of %d schedules could not fire as one (%s); firing them one by one",
+                len(locked),
+                exc,
+            )
+            firing = Firing()
+            fresh = {schedule.pk: schedule for schedule in _locked([s.pk for s, _ in locked])}
+            _fire_each([(fresh[s.pk], plan) for s, plan in locked], now=now, firing=firing)
     return firing
 
 
-def _move_on(schedule: Schedule, plan: Plan, *, now: datetime) -> None:
-    schedule.refresh_from_db()  # what the savepoint's rollback left; the lock is still held
-    schedule.reschedule(next_run_at=plan.next_run_at)
-    schedule.updated_at = now
-    schedule.save(update_fields=["next_run_at", "updated_at"])
+def _locked(ids: list[int]) -> list[Schedule]:
+    return list(
+        Schedule.objects.select_for_update(skip_locked=True, of=("self",))
+        .select_related("tenant", "automation")
+        .filter(pk__in=ids, next_run_at__isnull=False)
+        .order_by("next_run_at", "id")
+    )
 
 
-def _apply(schedule: Schedule, plan: Plan, *, now: datetime, firing: Firing) -> None:
+# --- the set: a few statements for the whole batch ----------------------------------------
+
+# The columns the firing changes (``Schedule``'s transitions and ``updated_at``).
+_FIRED_FIELDS = (
+    "is_active",
+    "deactivated_at",
+    "deactivated_reason",
+    "paused_at",
+    "paused_reason",
+    "next_run_at",
+    "last_run_at",
+    "updated_at",
+)
+
+
+def _fire_set(locked: list[tuple[Schedule, Plan]], *, now: datetime, firing: Firing) -> None:
+    """Fire every locked schedule of the batch together; raises when one row is refused,
+    leaving the caller's savepoint to undo it all."""
+    wanted: list[tuple[Schedule, datetime]] = []
+    for schedule, plan in locked:
+        if _stops(schedule, plan, now=now):
+            continue
+        wanted.extend((schedule, due_at) for due_at in plan.starts)
+    taken = _already_started(wanted)
+    for schedule, due_at in wanted:
+        if (schedule.pk, due_at) in taken:
+            logger.info("schedule %s: the run due %s was already started", schedule.pk, due_at)
+    wanted = [
+        (schedule, due_at) for schedule, due_at in wanted if (schedule.pk, due_at) not in taken
+    ]
+    outcomes = jobs_create_many(
+        [
+            JobRequest(
+                tenant_id=schedule.tenant_id,
+                automation=schedule.automation,
+                params=schedule.params,
+                triggered_by=schedule.triggered_by(due_at),
+            )
+            for schedule, due_at in wanted
+        ]
+    )
+    runs = []
+    for (schedule, due_at), outcome in zip(wanted, outcomes, strict=True):
+        if isinstance(outcome, DomainError):
+            if not schedule.is_paused:
+                reason = _refusal_reason(outcome)
+                logger.warning("schedule %s paused: %s", schedule.pk, reason)
+                schedule.pause(now=now, reason=reason)
+            continue
+        runs.append(
+            ScheduleRun(schedule=schedule, due_at=due_at, job_id=outcome.pk, created_at=now)
+        )
+        schedule.ran(due_at=due_at)
+        firing.started.append(outcome.pk)
+    ScheduleRun.objects.bulk_create(runs)
+    schedules = []
+    for schedule, plan in locked:
+        if schedule.is_active and not schedule.is_paused:
+            schedule.reschedule(next_run_at=plan.next_run_at)
+        else:
+            firing.stopped.append(schedule.pk)
+        schedule.updated_at = now
+        schedules.append(schedule)
+        firing.applied.append(schedule.pk)
+    _save_all(schedules)
+
+
+def _save_all(schedules: list[Schedule]) -> None:
+    """Save the columns the firing changes, for every schedule, in one UPDATE (rows given
+    as arrays: ``bulk_update``'s CASE per column and row costs more to build than to run)."""
+    columns = {name: Schedule._meta.get_field(name) for name in _FIRED_FIELDS}
+    arrays = [[schedule.pk for schedule in schedules]] + [
+        [getattr(schedule, field.attname) for schedule in schedules] for field in columns.values()
+    ]
+    types = ["bigint"] + [
+        "boolean" if name == "is_active" else "text" if name.endswith("_reason") else "timestamptz"
+        for name in columns
+    ]
+    names = ", ".join(f'"{field.column}"' for field in columns.values())
+    sets = ", ".join(f'"{field.column}" = v."{field.column}"' for field in columns.values())
+    unnest = ", ".join(f"%s::{kind}[]" for kind in types)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'UPDATE "schedules" s SET {sets} FROM unnest({unnest}) AS v("id", {names}) '  # noqa: S608 (column names of the model, values as parameters)
+            'WHERE s."id" = v."id"',
+            arrays,
+        )
+
+
+def _stops(schedule: Schedule, plan: Plan, *, now: datetime) -> bool:
+    """End or pause ``schedule`` instead of running it, when it must; True when it did."""
     if not schedule.tenant.is_active:
         schedule.end(now=now, reason="Its tenant was deactivated.")
     elif not schedule.automation.is_active:
@@ -195,6 +310,60 @@ def _apply(schedule: Schedule, plan: Plan, *, now: datetime, firing: Firing) -> 
         logger.error("schedule %s paused: %s", schedule.pk, plan.problem)
         schedule.pause(now=now, reason=plan.problem)
     else:
+        return False
+    return True
+
+
+def _already_started(wanted: list[tuple[Schedule, datetime]]) -> set[tuple[int, datetime]]:
+    """Of these due times, those that started a job before (a clock that went back, a
+    schedule moved back by hand): one read under the schedules' locks, which every firing
+    takes before it writes a run. The unique key still stands behind it."""
+    if not wanted:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT r.schedule_id, r.due_at FROM schedule_runs r
+            JOIN unnest(%s::bigint[], %s::timestamptz[]) AS w(schedule_id, due_at)
+              ON r.schedule_id = w.schedule_id AND r.due_at = w.due_at
+            """,
+            [[schedule.pk for schedule, _ in wanted], [due_at for _, due_at in wanted]],
+        )
+        return set(cursor.fetchall())
+
+
+# --- one by one: the batch again when the set was refused --------------------------------
+
+
+def _fire_each(locked: list[tuple[Schedule, Plan]], *, now: datetime, firing: Firing) -> None:
+    for schedule, plan in locked:
+        started, stopped = len(firing.started), len(firing.stopped)
+        try:
+            with transaction.atomic():
+                _apply(schedule, plan, now=now, firing=firing)
+        except (OperationalError, InterfaceError):
+            raise  # the database went away: the whole cycle is retried
+        except Exception:
+            # A bad row must not stop the batch, nor every later cycle (it would be
+            # first in line again): it moves on to its next due time without the runs
+            # that failed, logged and counted, and the others carry on. Not paused: a
+            # defect of every row (a bad deploy) then heals once fixed.
+            logger.exception("schedule %s: its firing failed; moved on", schedule.pk)
+            del firing.started[started:], firing.stopped[stopped:]  # rolled back
+            _move_on(schedule, plan, now=now)
+            firing.failed.append(schedule.pk)
+        firing.applied.append(schedule.pk)
+
+
+def _move_on(schedule: Schedule, plan: Plan, *, now: datetime) -> None:
+    schedule.refresh_from_db()  # what the savepoint's rollback left; the lock is still held
+    schedule.reschedule(next_run_at=plan.next_run_at)
+    schedule.updated_at = now
+    schedule.save(update_fields=["next_run_at", "updated_at"])
+
+
+def _apply(schedule: Schedule, plan: Plan, *, now: datetime, firing: Firing) -> None:
+    if not _stops(schedule, plan, now=now):
         for due_at in plan.starts:
             if not _start(schedule, due_at=due_at, now=now, firing=firing):
                 break

@@ -4,7 +4,9 @@ People create, change, pause, resume and deactivate their tenant's schedules. A 
 computed before the row is locked (it is bounded, but a lock is not held for it): the row
 is read, the next due time computed, then the row is locked and changed; when someone else
 changed its calendar meanwhile, the computation is done again under the lock. The firing
-(``schedule.firing``) starts the jobs.
+(``schedule.firing``) starts the jobs. A change that gives a schedule a next due time (a
+creation, a new calendar, a resume) wakes the sleeping scheduler when it commits
+(``schedule.wake``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from common.errors import Conflict, InvalidInput, NotFound
 from job.services import job_automation_check, job_params_check
 from schedule import calendar
 from schedule.models import Misfire, Schedule
+from schedule.wake import wake_scheduler_on_commit
 
 logger = logging.getLogger("hubdommed.schedule")
 
@@ -75,6 +78,7 @@ def schedule_create(
         )
         schedule.reschedule(next_run_at=first_run)
         schedule.save(force_insert=True)
+        wake_scheduler_on_commit()
     logger.info("schedule %s created for automation %s", schedule.pk, automation.id)
     return schedule
 
@@ -128,6 +132,7 @@ def schedule_update(*, tenant: Any, schedule_id: int, data: Mapping[str, Any]) -
                 # Another change of the calendar landed meanwhile: computed again (bounded).
                 next_run = first_due_after(schedule.cron, schedule.timezone, now)
             schedule.reschedule(next_run_at=next_run)
+            wake_scheduler_on_commit()
         _save(schedule, now)
     return schedule
 
@@ -162,6 +167,7 @@ def schedule_resume(*, tenant: Any, schedule_id: int) -> Schedule:
             next_run = first_due_after(schedule.cron, schedule.timezone, now)
         schedule.resume(next_run_at=next_run)
         _save(schedule, now)
+        wake_scheduler_on_commit()
     return schedule
 
 

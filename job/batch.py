@@ -1,0 +1,90 @@
+"""Many jobs nobody asked for in person (a scheduler's due times), created together.
+
+``jobs_create_many`` does for each request what ``job_create`` does for one (the checks
+first, then the pending job and its JobCreated event with its outbox rows), in a few
+statements for all of them: one INSERT of the jobs, two for their events and runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from common import tracing
+from common.errors import Conflict, DomainError
+from job.models import Job
+from job.services import count_transition, job_params_check
+from outbox.services import Occurrence, publish_many
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One job to create: ``automation`` is the automation's row as the caller read it
+    (its ``is_active`` and ``params_schema`` are what the job is checked against)."""
+
+    tenant_id: int
+    automation: Any
+    params: dict[str, Any]
+    triggered_by: dict[str, Any] | None = None
+
+
+def jobs_create_many(requests: Sequence[JobRequest]) -> list[Job | DomainError]:
+    """Create a pending job per request and record its JobCreated. Returns, in the
+    requests' order, the job, or the refusal ``job_create`` would have raised for that
+    request (an inactive automation, params its schema refuses): a refused request writes
+    nothing and keeps none of the others from being created."""
+    outcomes: list[Job | DomainError] = []
+    # The same params against the same schema (one schedule's catch-up runs) are checked once.
+    checked: dict[tuple[int, str], DomainError | None] = {}
+    now = timezone.now()
+    traceparent = tracing.current_traceparent() or ""
+    for request in requests:
+        key = (request.automation.pk, json.dumps(request.params, sort_keys=True, default=str))
+        if key not in checked:
+            checked[key] = _refusal(request)
+        refusal = checked[key]
+        outcomes.append(
+            refusal
+            if refusal is not None
+            else Job(
+                tenant_id=request.tenant_id,
+                automation_id=request.automation.pk,
+                requested_by=None,
+                params=request.params,
+                triggered_by=request.triggered_by,
+                created_at=now,
+                updated_at=now,
+                traceparent=traceparent,
+            )
+        )
+    jobs = [outcome for outcome in outcomes if isinstance(outcome, Job)]
+    if not jobs:
+        return outcomes
+    with transaction.atomic():
+        Job.objects.bulk_create(jobs)
+        events = [(job, job.created_event()) for job in jobs]
+        publish_many(
+            Occurrence(event.name, event.payload, aggregate=job, tenant=job.tenant_id)
+            for job, event in events
+        )
+        for job in jobs:
+            count_transition(job)
+    return outcomes
+
+
+def _refusal(request: JobRequest) -> DomainError | None:
+    automation = request.automation
+    if not automation.is_active:
+        return Conflict("The automation is inactive.", code="automation_inactive")
+    try:
+        job_params_check(
+            request.params, schema=automation.params_schema, automation_id=automation.pk
+        )
+    except DomainError as refusal:
+        return refusal
+    return None
