@@ -3,7 +3,9 @@ lease (extended by its heartbeat) keeps every other copy of the message from run
 
 from __future__ import annotations
 
+import subprocess
 import threading
+import time
 from collections import Counter
 from datetime import timedelta
 
@@ -23,7 +25,10 @@ from tests.worker.conftest import (
     run_of,
     send_again,
     wait_for,
+    worker_command,
+    worker_environment,
 )
+from worker.leases import AHEAD_LEASE_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -220,3 +225,67 @@ def test_a_copy_arriving_after_the_first_lease_would_have_ended_finds_it_extende
     assert run.receive_count == 1
     assert len(executions(run_id)) == 1
     assert sum(worker.processor.leases.beats for worker in workers) > 0
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
+@pytest.mark.timeout(120)
+def test_a_killed_workers_runs_claimed_ahead_run_elsewhere_in_seconds_its_running_one_later(
+    broker, relay, start_worker, settings
+):
+    # A full lease far longer than the seconds a run claimed ahead may wait.
+    settings.WORKER_VISIBILITY_TIMEOUT = 20
+    settings.WORKER_HEARTBEAT_INTERVAL = 0  # a third of it
+    full_lease = 20.0
+    process = subprocess.Popen(
+        worker_command("--queues", "default", "--concurrency", "1"),
+        env=worker_environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        run_ids = [dispatch_work(wait_for_go_ahead=True) for _ in range(12)]
+        # One running in the killed worker's only slot, the others claimed ahead there.
+        wait_for(
+            lambda: TaskRun.objects.filter(run_id__in=run_ids, status="running").count() == 12,
+            what="the subprocess to claim every run",
+        )
+        wait_for(
+            lambda: [run_id for run_id in run_ids if executions(run_id)],
+            what="the subprocess to start one",
+        )
+        (running,) = [run_id for run_id in run_ids if executions(run_id)]
+        # Its slot started it: held under the full lease from the keeper's next beat.
+        wait_for(
+            lambda: (
+                run_of(running).lease_expires_at
+                > timezone.now() + timedelta(seconds=AHEAD_LEASE_SECONDS + 1)
+            ),
+            what="the running run's full lease",
+        )
+        process.kill()
+        process.wait(timeout=10)
+        killed_at = time.time()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stderr.close()
+    for run_id in run_ids:
+        go_ahead(run_id)
+    ahead = [run_id for run_id in run_ids if run_id != running]
+
+    start_worker(concurrency=4)
+    wait_for(
+        lambda: all(run_finished(run_id) for run_id in ahead),
+        what="the runs claimed ahead to run on the other worker",
+    )
+    taken_up = max(executions(run_id)[0][1] for run_id in ahead) - killed_at
+    assert taken_up <= 10.0, f"claimed-ahead runs waited {taken_up:.1f} s after the kill"
+    # Each ran once, there; the one that was running has not run again yet: its lease holds.
+    assert all(len(executions(run_id)) == 1 for run_id in ahead)
+    assert len(executions(running)) == 1
+
+    wait_for(lambda: run_finished(running), timeout=60, what="the running run after its lease")
+    _, (_, again) = executions(running)
+    # Taken over only once its full lease ended (at most one beat before the kill).
+    assert again - killed_at >= full_lease - full_lease / 3 - 0.5
+    assert run_of(running).status == TaskRun.Status.SUCCEEDED
