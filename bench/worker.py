@@ -362,6 +362,8 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(catalog, handle)
     settings.TASKS_CATALOG = handle.name
+    # As in production: no DEBUG, which wraps every statement and keeps it in memory.
+    settings.DEBUG = False
     settings.RABBITMQ_EXCHANGE = EXCHANGE
     settings.QUEUE_PREFIX = PREFIX
     purge()
