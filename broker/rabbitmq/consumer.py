@@ -57,6 +57,8 @@ SETTLE_TIMEOUT = 30.0
 def prefetch_shares(prefetch: int, consumers: int) -> list[int]:
     """The window split across the consumers, in their order: together ``prefetch``
     (each at least one: a prefetch of 0 would be no limit at all)."""
+    if consumers < 1:
+        return []
     base, extra = divmod(prefetch, consumers)
     return [max(1, base + (1 if index < extra else 0)) for index in range(consumers)]
 
