@@ -28,6 +28,7 @@ from tests.worker.conftest import (
     worker_command,
     worker_environment,
 )
+from worker.builders import PREFETCH_PER_SLOT
 from worker.leases import AHEAD_LEASE_SECONDS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -289,3 +290,56 @@ def test_a_killed_workers_runs_claimed_ahead_run_elsewhere_in_seconds_its_runnin
     # Taken over only once its full lease ended (at most one beat before the kill).
     assert again - killed_at >= full_lease - full_lease / 3 - 0.5
     assert run_of(running).status == TaskRun.Status.SUCCEEDED
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq"], indirect=True)
+@pytest.mark.timeout(120)
+def test_a_copy_of_a_run_a_live_worker_claimed_ahead_waits_for_it_and_never_runs_it_twice(
+    broker, relay, start_worker, settings
+):
+    settings.WORKER_VISIBILITY_TIMEOUT = 20
+    settings.WORKER_HEARTBEAT_INTERVAL = 0
+    process = subprocess.Popen(
+        worker_command("--queues", "default", "--concurrency", "1"),
+        env=worker_environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        blocker = dispatch_work(wait_for_go_ahead=True)
+        wait_for(lambda: executions(blocker), what="the subprocess to start the blocker")
+        # Its window full (16 for its one slot): the copy below can only go elsewhere.
+        others = [dispatch_work() for _ in range(PREFETCH_PER_SLOT - 2)]
+        run_id = dispatch_work()
+        # Claimed ahead in the subprocess, behind the blocker in its only slot.
+        wait_for(
+            lambda: (
+                TaskRun.objects.filter(
+                    run_id__in=[*others, run_id], status=TaskRun.Status.RUNNING
+                ).count()
+                == len(others) + 1
+            ),
+            what="the subprocess to claim its window ahead",
+        )
+        send_again(run_id)
+        began = time.monotonic()
+        worker = start_worker(concurrency=1)
+        # The copy waits for the other worker's short lease, finds it kept (that worker
+        # lives), and is given back for later.
+        wait_for(lambda: worker.processor.outcomes["busy"], what="the copy to be given back")
+        # Not at once: after that lease would have ended (it had one beat left, or less).
+        assert time.monotonic() - began >= AHEAD_LEASE_SECONDS - 2.0
+        assert executions(run_id) == []
+        go_ahead(blocker)
+        wait_for(lambda: run_finished(run_id), what="the subprocess to run it")
+        wait_for(
+            lambda: worker.processor.outcomes["duplicate"],
+            what="the copy to come back and be skipped",
+        )
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        process.stderr.close()
+    assert len(executions(run_id)) == 1
+    assert run_of(run_id).receive_count == 1
