@@ -29,7 +29,7 @@ from tests.worker.conftest import (
     worker_environment,
 )
 from worker.builders import PREFETCH_PER_SLOT
-from worker.leases import AHEAD_LEASE_SECONDS
+from worker.leases import AHEAD_LEASE_SECONDS, LeaseKeeper, ahead_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -343,3 +343,41 @@ def test_a_copy_of_a_run_a_live_worker_claimed_ahead_waits_for_it_and_never_runs
         process.stderr.close()
     assert len(executions(run_id)) == 1
     assert run_of(run_id).receive_count == 1
+
+
+def test_a_run_claimed_ahead_is_held_briefly_and_under_its_full_lease_once_started():
+    run_id = dispatch_work()
+    ledger = RunLedger()
+    keeper = LeaseKeeper(ledger)
+    full = Lease(run_id, "me", seconds=600, interval=200)
+    ahead = ahead_of(full)
+    claimed_at = time.monotonic()
+    assert claim(ledger, envelope(run_id), holder="me", lease=ahead.seconds).decision is Begin.RUN
+    keeper.hold(ahead, confirmed_at=claimed_at)
+    assert run_of(run_id).lease_expires_at <= timezone.now() + timedelta(seconds=ahead.seconds)
+    try:
+        # Its slot starts it: kept under the full lease from the keeper's next beat.
+        assert keeper.start(full)
+        wait_for(
+            lambda: run_of(run_id).lease_expires_at > timezone.now() + timedelta(seconds=500),
+            what="the full lease",
+        )
+    finally:
+        keeper.drop(full)
+
+
+def test_a_slot_does_not_start_a_run_whose_short_lease_no_beat_kept_lately():
+    run_id = dispatch_work()
+    ledger = RunLedger()
+    keeper = LeaseKeeper(ledger)
+    full = Lease(run_id, "me", seconds=600, interval=200)
+    ahead = ahead_of(full)
+    claim(ledger, envelope(run_id), holder="me", lease=ahead.seconds)
+    # Confirmed longer ago than its lease lasts (the database was away since, say).
+    keeper.hold(ahead, confirmed_at=time.monotonic() - ahead.seconds)
+    try:
+        assert not keeper.start(full)
+        # Confirmed again by the slot itself: started.
+        assert keeper.start(full, confirmed_at=time.monotonic())
+    finally:
+        keeper.drop(full)
