@@ -130,3 +130,142 @@ def test_worker_killed_and_terminated_mid_task_runs_every_effect_once(
     assert executions - RUNS <= (kills + terms) * CONCURRENCY
     # SIGTERM: the budget, plus a process's own exit (interpreter teardown).
     assert max(term_exits) <= STOP_BUDGET + 2.0, term_exits
+
+
+WINDOW_RUNS = scaled(600, 3_000)
+# The full lease (the queue's visibility): what a run that was running waits after a crash.
+FULL_LEASE = 20
+# A crashed worker's runs claimed ahead and not started must run elsewhere within this.
+TAKEN_UP_WITHIN = 10.0
+
+
+@pytest.mark.timeout(scaled(240, 900))
+def test_a_worker_killed_with_its_window_full_has_its_unstarted_runs_run_elsewhere_in_seconds(
+    scenario_database, make_stack, figures
+):
+    stack = make_stack(
+        database_url=scenario_database,
+        WORKER_VISIBILITY_TIMEOUT=FULL_LEASE,
+        WORKER_RABBITMQ_HEARTBEAT=5,
+    )
+    db = stack.database
+    db.execute(tasks.TABLES)
+    rng = random.Random()
+    payloads = [{"sleep": round(rng.uniform(0.02, 0.1), 3)} for _ in range(WINDOW_RUNS)]
+    run_ids = dispatch_effects(stack, payloads)
+    stack.relay()
+    worker_args = ("--queues", "default", "--concurrency", str(CONCURRENCY))
+    window = CONCURRENCY * 16
+    try:
+        victim = stack.worker(*worker_args, name="victim")
+        holder = f"%:{victim.pid}:%"
+
+        def held_by_victim() -> int:
+            return db.value(
+                "SELECT count(*) FROM task_runs WHERE status = 'running' AND lease_holder LIKE %s",
+                [holder],
+            )
+
+        # Under load: the victim's window full and running, another worker beside it.
+        wait_for(
+            lambda: (
+                held_by_victim() >= window - CONCURRENCY
+                and db.value(
+                    "SELECT count(*) FROM reliability_executions WHERE pid = %s", [victim.pid]
+                )
+            ),
+            timeout=60,
+            what=f"the victim's window to fill\n{stack.log_tail('victim', 'relay')}",
+        )
+        survivor = stack.worker(*worker_args, name="survivor")
+        wait_for(
+            lambda: db.value(
+                "SELECT count(*) FROM reliability_executions WHERE pid = %s", [survivor.pid]
+            ),
+            timeout=60,
+            what=f"the other worker to run tasks\n{stack.log_tail('survivor')}",
+        )
+        stack.signal("victim", signal.SIGKILL)
+        victim.wait(timeout=30)
+        killed_at = db.now()
+        # What the dead worker held: nobody can claim it for seconds yet.
+        held = {
+            run_id
+            for (run_id,) in db.rows(
+                "SELECT run_id::text FROM task_runs WHERE status = 'running'"
+                " AND lease_holder LIKE %s",
+                [holder],
+            )
+        }
+        started = {
+            run_id
+            for (run_id,) in db.rows(
+                "SELECT DISTINCT run_id::text FROM reliability_executions WHERE pid = %s",
+                [victim.pid],
+            )
+        } & held
+        unstarted = held - started
+        wait_for(
+            lambda: (
+                db.value(
+                    "SELECT count(*) FROM task_runs WHERE task = 'chaos.effect'"
+                    " AND status = 'succeeded'"
+                )
+                == WINDOW_RUNS
+            ),
+            timeout=scaled(180, 600),
+            what=f"every run to succeed\n{stack.log_tail('survivor', 'relay')}",
+        )
+    finally:
+        stack.close()
+        delete_broker_names(stack.rabbitmq_url, stack, ["default", "maintenance"])
+
+    def taken_up(runs: set[str]) -> list[float]:
+        """Seconds from the kill to each run's first execution elsewhere."""
+        if not runs:
+            return []
+        return sorted(
+            seconds
+            for (seconds,) in db.rows(
+                "SELECT extract(epoch FROM min(started_at) - %s)::float8"
+                "  FROM reliability_executions"
+                " WHERE run_id = ANY(%s::uuid[]) AND pid <> %s GROUP BY run_id",
+                [killed_at, list(runs), victim.pid],
+            )
+        )
+
+    unstarted_after = taken_up(unstarted)
+    started_after = taken_up(started)
+    effects = dict(db.rows("SELECT run_id::text, applications FROM reliability_effects"))
+    executions = db.value("SELECT count(*) FROM reliability_executions")
+    lost = set(run_ids) - set(effects)
+    reapplied = sum(count - 1 for count in effects.values())
+    figures(
+        Figures(
+            "6b worker SIGKILL, window full",
+            sent=WINDOW_RUNS,
+            delivered=len(effects),
+            duplicates=reapplied,
+            lost=len(lost),
+            recovery_seconds=max(unstarted_after, default=0.0),
+            extra={
+                "held_at_kill": len(held),
+                "running_at_kill": len(started),
+                "unstarted_taken_up_p50_s": (
+                    unstarted_after[len(unstarted_after) // 2] if unstarted_after else 0.0
+                ),
+                "unstarted_taken_up_max_s": max(unstarted_after, default=0.0),
+                "running_taken_up_min_s": min(started_after, default=0.0),
+                "full_lease_s": FULL_LEASE,
+                "re_executions": executions - WINDOW_RUNS,
+            },
+        )
+    )
+    assert not lost
+    assert len(held) <= window and len(unstarted) >= window // 2, (len(held), len(started))
+    assert len(unstarted_after) == len(unstarted)
+    assert max(unstarted_after) <= TAKEN_UP_WITHIN, unstarted_after
+    # Only what was running in the dead worker ran twice, and its effect was counted once
+    # more at most (the crash may have come between its effect and its success).
+    assert executions - WINDOW_RUNS <= len(started) <= CONCURRENCY
+    assert reapplied <= len(started)
