@@ -50,7 +50,7 @@ from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from automation.models import Automation  # noqa: E402
-from bench.load import load_note  # noqa: E402
+from bench.load import add_load_arguments, load_note, require_quiet  # noqa: E402
 from identity.models import Tenant  # noqa: E402
 from job.models import Job  # noqa: E402
 from schedule.firing import schedules_fire_due  # noqa: E402
@@ -212,7 +212,9 @@ def main() -> None:
     parser.add_argument("--schedules", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="100 schedules, one round")
+    add_load_arguments(parser)
     args = parser.parse_args()
+    require_quiet(args)
     if args.smoke:
         args.schedules, args.rounds = 100, 1
     subprocess.run([sys.executable, "scripts/ensure_database.py"], cwd=ROOT, check=True)
