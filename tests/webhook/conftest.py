@@ -53,6 +53,8 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            # The answer's head and body go out at once (no wait for a delayed ACK).
+            disable_nagle_algorithm = True
             protocol_version = "HTTP/1.1"
 
             def do_POST(self):
@@ -217,6 +219,8 @@ def tls_receiver(certificate_name: str) -> Iterator[TLSReceiver]:
     server_names: list[str | None] = []
 
     class Handler(BaseHTTPRequestHandler):
+        # The answer's head and body go out at once (no wait for a delayed ACK).
+        disable_nagle_algorithm = True
         protocol_version = "HTTP/1.1"
 
         def do_POST(self):
