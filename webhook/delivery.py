@@ -322,6 +322,11 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
 # attempt, the delivery delivered). Anything else (a first attempt, a slow or failing
 # receiver, parked deliveries to take up, a failure) goes the whole way, under the locks
 # the decisions need.
+# The beginning is committed without waiting for the disk (``synchronous_commit`` off for
+# its own transaction, set by the statement itself): a beginning lost with the database
+# only leaves its attempt uncounted by the slow-receiver guard (a receiver that answered
+# fast may take one more at once), never an outcome unrecorded. The outcome waits for the
+# disk, as it must: it is durable before the task's run is settled.
 
 _BEGIN_FAST = f"""
     UPDATE webhook_deliveries AS d
@@ -337,7 +342,8 @@ _BEGIN_FAST = f"""
               AND {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="o")})
  RETURNING d.body, d.message_id, d.attempts, d.endpoint_id, e.url, e.secret,
            e.previous_secret, e.previous_secret_expires_at,
-           pg_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="d.id")})
+           pg_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="d.id")}),
+           set_config('synchronous_commit', 'off', true)
 """  # noqa: S608 (only the module's own constants are formatted in)
 
 # FOR SHARE on the endpoint: a failure's outcome (FOR NO KEY UPDATE) decides before or
@@ -393,7 +399,7 @@ def _begin_fast(delivery_id: int, run_id: uuid.UUID) -> _Request | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    body, message_id, attempts, endpoint_id, url, secret, previous, expires, _ = row
+    body, message_id, attempts, endpoint_id, url, secret, previous, expires, _, _ = row
     signer = WebhookEndpoint(
         secret=unseal(secret), previous_secret=unseal(previous), previous_secret_expires_at=expires
     )
