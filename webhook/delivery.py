@@ -170,7 +170,8 @@ class Outcome(StrEnum):
     DELIVERED = "delivered"
     RETRYING = "retrying"
     FAILED = "failed"
-    # Not attempted: another run's business, the endpoint disabled, or a slow receiver's turn.
+    # Not attempted: another run's business, the endpoint disabled, or a slow receiver's turn
+    # (parked behind its live attempt, or, when the token was busy, a new run due later).
     STALE = "stale"
     HELD = "held"
     DEFERRED = "deferred"
@@ -287,17 +288,32 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
         delivery.save(update_fields=["scheduled_run_id", "next_attempt_at", "attempt_started_at"])
         return Outcome.HELD
     wait = _wait(endpoint, delivery, now)
-    if wait is None and not endpoint.answers_fast:
+    token = None
+    if wait is not None or not endpoint.answers_fast:
         # One attempt at a time: the endpoint's row is the token. Another delivery holding it
-        # is starting an attempt right now, so this one waits, without queueing on the lock
-        # (a dead receiver's backlog coming back at once would hold every worker slot).
-        locked = (
+        # is starting an attempt or recording an outcome right now, so this one waits,
+        # without queueing on the lock (a dead receiver's backlog coming back at once would
+        # hold every worker slot).
+        token = (
             WebhookEndpoint.objects.select_for_update(no_key=True, skip_locked=True)
             .filter(pk=endpoint.pk)
             .first()
         )
-        wait = settings.WEBHOOK_DEFER_SECONDS if locked is None else _wait(locked, delivery, now)
+        if token is not None:
+            wait = _wait(token, delivery, now)
+        elif wait is None:
+            wait = settings.WEBHOOK_DEFER_SECONDS
     if wait is not None:
+        if token is not None:
+            # Behind a live attempt of its endpoint, under the token: parked, no new run.
+            # That attempt's outcome takes the endpoint's row after this commits, and takes
+            # it up (a success: with the next batch; a failure: behind the probe, as every
+            # parked delivery of a failing endpoint).
+            delivery.park()
+            delivery.save(
+                update_fields=["scheduled_run_id", "next_attempt_at", "attempt_started_at"]
+            )
+            return Outcome.DEFERRED
         _schedule(delivery, delay=wait)
         delivery.save(update_fields=["scheduled_run_id", "next_attempt_at"])
         return Outcome.DEFERRED

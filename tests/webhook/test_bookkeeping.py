@@ -3,7 +3,8 @@
 A delivery to a receiver that answers fast begins in one statement (the delivery's row,
 the slow-receiver guard, the attempt's liveness lock) and its success is recorded in one
 (the attempt and the delivered delivery, durable before the run is settled). It was 13
-statements (two transactions) before.
+statements (two transactions) before. A delivery deferred behind a live attempt of its
+endpoint costs no new run: it is parked, and that attempt's outcome takes it up.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import uuid
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
+from outbox.models import OutboxMessage
 from tests.webhook.conftest import due_deliver_runs, run_due_attempts
 from tests.webhook.test_delivery import complete_a_job
-from webhook.delivery import Outcome, delivery_attempt
+from webhook.delivery import Outcome, _hold_attempt, _let_go_attempt, delivery_attempt
 from webhook.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -90,3 +93,41 @@ def test_a_success_beside_a_failing_endpoint_is_decided_the_whole_way(
     assert outcome is Outcome.DELIVERED
     # The success ends the endpoint's failing, as the whole way decides.
     assert WebhookEndpoint.objects.get(pk=endpoint.pk).failing_since is None
+
+
+def deliver_rows() -> int:
+    return OutboxMessage.objects.filter(envelope__task="webhook.deliver").count()
+
+
+def test_a_deferral_behind_a_live_attempt_parks_without_a_new_run(receiver, make_endpoint, tenant):
+    endpoint = make_endpoint(receiver.url)  # new: one attempt at a time
+    complete_a_job(tenant)
+    complete_a_job(tenant)
+    first, later = WebhookDelivery.objects.filter(endpoint=endpoint).order_by("id")
+    later_run = later.scheduled_run_id
+    # The first delivery's attempt is in flight on a live session.
+    first.attempt_started_at = timezone.now()
+    first.save(update_fields=["attempt_started_at"])
+    _hold_attempt(first.pk)
+    rows = deliver_rows()
+    try:
+        outcome = delivery_attempt(delivery_id=later.pk, run_id=later_run)
+        # The same run sent again (a duplicate) is stale: still no new run.
+        again = delivery_attempt(delivery_id=later.pk, run_id=later_run)
+    finally:
+        _let_go_attempt(first.pk)
+
+    assert (outcome, again) == (Outcome.DEFERRED, Outcome.STALE)
+    assert deliver_rows() == rows
+    later.refresh_from_db()
+    assert later.is_parked and later.attempts == 0
+
+    # The attempt in flight ends delivered, and takes the parked one up: one new run.
+    assert delivery_attempt(delivery_id=first.pk, run_id=first.scheduled_run_id) == (
+        Outcome.DELIVERED
+    )
+    later.refresh_from_db()
+    assert later.scheduled_run_id is not None and deliver_rows() == rows + 1
+    assert delivery_attempt(delivery_id=later.pk, run_id=later.scheduled_run_id) == (
+        Outcome.DELIVERED
+    )
