@@ -19,6 +19,7 @@ the success that un-parks cannot miss each other. A disabled endpoint's deliveri
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -417,7 +418,9 @@ def _begin_fast(delivery_id: int, run_id: uuid.UUID) -> _Request | None:
         return None
     body, message_id, attempts, endpoint_id, url, secret, previous, expires, _, _ = row
     signer = WebhookEndpoint(
-        secret=unseal(secret), previous_secret=unseal(previous), previous_secret_expires_at=expires
+        secret=_unsealed(secret),
+        previous_secret=_unsealed(previous),
+        previous_secret_expires_at=expires,
     )
     return _Request(
         delivery_id=delivery_id,
@@ -428,6 +431,14 @@ def _begin_fast(delivery_id: int, run_id: uuid.UUID) -> _Request | None:
         secrets=signer.signing_secrets(now),
         number=attempts + 1,
     )
+
+
+# A worker process reads the same endpoints' secrets again and again: each sealed form
+# (which changes with the secret, and with a re-encryption under a new key) is decrypted
+# once. A process that signs with a secret holds it in memory anyway.
+@functools.lru_cache(maxsize=1024)
+def _unsealed(token: str) -> str:
+    return unseal(token)
 
 
 def _record_fast(

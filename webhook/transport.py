@@ -12,6 +12,7 @@ bound, so a receiver costs a worker slot for seconds at most.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import re
@@ -224,14 +225,21 @@ class Target:
 def target_of(url: str) -> Target:
     """The checked target of ``url``; RefusedAddress says why there is none. One function
     for registration and delivery, so both decide on the same canonical host."""
-    allow_private = settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES
+    return _target_of(url, settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES)
+
+
+# The reading of a URL depends on nothing else: kept, not worked out again on every
+# request (a refusal is not kept, and comes out the same each time).
+@functools.lru_cache(maxsize=1024)
+def _target_of(url: str, allow_private: bool) -> Target:
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
         raise RefusedAddress(f"not a valid URL: {exc}") from None
-    if parts.scheme not in allowed_schemes():
-        raise RefusedAddress(f"the URL must use {' or '.join(allowed_schemes())}")
+    schemes = ("https", "http") if allow_private else ("https",)  # as allowed_schemes()
+    if parts.scheme not in schemes:
+        raise RefusedAddress(f"the URL must use {' or '.join(schemes)}")
     if not parts.hostname:
         raise RefusedAddress("the URL has no host")
     if parts.username is not None or parts.password is not None:
