@@ -1,9 +1,10 @@
-"""Webhook deliveries: how many per second reach receivers that answer at once, and what one
-receiver that never answers does to the other tenants' delivery latency.
+"""Webhook deliveries: how many per second reach receivers that answer at once (against a
+bare HTTP client), and what one receiver that never answers does to the other tenants'
+delivery latency.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/hub_webhook_bench \\
-        .venv/bin/python bench/webhooks.py [--deliveries N] [--rate R] [--seconds S] \\
-        [--concurrency C]
+        .venv/bin/python bench/webhooks.py [--deliveries N] [--rounds K] [--rate R] \\
+        [--seconds S] [--concurrency C]
 
 The database must be migrated (``manage.py migrate``). The relay (``manage.py run_relay``) and
 one background worker (``manage.py run_worker --queues default``) run as real processes, with
@@ -11,8 +12,12 @@ broker names and a Redis prefix of this run's own; the receivers are HTTP server
 in this process (``WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true``), the timeouts are the production
 defaults.
 
-1. Throughput: N JobCompleted events of four tenants, each with one endpoint, committed in
-   one transaction; the clock runs from the commit to the last delivery received.
+1. Throughput, K interleaved rounds: N JobCompleted events of four tenants, each with one
+   endpoint, committed in one transaction, the clock running from the commit to the last
+   delivery received; then, in the same round, a bare client: urllib3 (the library the hub
+   uses) with connections kept alive, C threads posting N bodies of the same size to the
+   same four receivers, with none of the hub's bookkeeping. Each round prints the machine's
+   load at its start; the medians and the median ratio close the section.
 2. Isolation: R events per second for S seconds to the four tenants' receivers, and as many
    again to a fifth tenant's; latency from each of the four's events' commit to its arrival
    at the receiver. Once with a fifth receiver that answers at once, then with one that
@@ -22,6 +27,7 @@ defaults.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -53,16 +59,18 @@ import django  # noqa: E402
 django.setup()
 
 import pika  # noqa: E402
+import urllib3  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import transaction  # noqa: E402
 
 from automation.models import Automation  # noqa: E402
+from bench.load import load_note  # noqa: E402
 from broker import topology  # noqa: E402
 from identity.models import Tenant  # noqa: E402
 from job.models import Job  # noqa: E402
 from outbox.services import publish  # noqa: E402
 from sector.models import Sector  # noqa: E402
-from webhook.models import WebhookAttempt, WebhookEndpoint  # noqa: E402
+from webhook.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint  # noqa: E402
 from webhook.services import endpoint_create  # noqa: E402
 
 HEALTHY_TENANTS = 4
@@ -169,7 +177,7 @@ def arrived_all(expected: list[tuple[Tenancy, int]]):
     return check
 
 
-def throughput(tenancies: list[Tenancy], count: int) -> None:
+def throughput(tenancies: list[Tenancy], count: int) -> float:
     expected: list[tuple[Tenancy, int]] = []
     with transaction.atomic():
         for number in range(count):
@@ -194,10 +202,70 @@ def throughput(tenancies: list[Tenancy], count: int) -> None:
         ).values_list("latency_ms", flat=True)
     )
     print(
-        f"throughput: {count} deliveries to {len(tenancies)} receivers in {elapsed:.2f} s = "
+        f"  hub:  {count} deliveries to {len(tenancies)} receivers in {elapsed:.2f} s = "
         f"{count / elapsed:.0f}/s; HTTP request p50 {statistics.median(latencies):.0f} ms, "
         f"p95 {percentile(latencies, 95):.0f} ms"
     )
+    return count / elapsed
+
+
+# Event ids of the bare client's bodies: far above the hub's, so the receivers tell them apart.
+_bare_ids = itertools.count(10**12)
+
+
+def bare(tenancies: list[Tenancy], count: int, concurrency: int) -> float:
+    """``count`` POSTs to the same receivers by ``concurrency`` threads with kept connections
+    (urllib3, as the hub), bodies and headers of a delivery's size; deliveries per second."""
+    body_template = WebhookDelivery.objects.filter(
+        endpoint__in=[t.endpoint for t in tenancies]
+    ).values_list("body", flat=True)[0]
+    pools = [
+        urllib3.HTTPConnectionPool(
+            "127.0.0.1", int(t.receiver.url.split(":")[2].split("/")[0]), maxsize=concurrency
+        )
+        for t in tenancies
+    ]
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "HubDomMed-Webhooks/1",
+        "webhook-id": "msg_" + "0" * 32,
+        "webhook-timestamp": str(int(time.time())),
+        "webhook-signature": "v1," + "A" * 44,
+    }
+    jobs = [(number % len(tenancies), next(_bare_ids)) for number in range(count)]
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def post() -> None:
+        while True:
+            with lock:
+                if not jobs:
+                    return
+                which, event_id = jobs.pop()
+            body = body_template.replace('"event_id":', f'"event_id":{event_id},"was":', 1)
+            try:
+                pools[which].urlopen(
+                    "POST", "/hook", body=body.encode(), headers=headers, retries=False
+                )
+            except Exception as exc:  # counted, and the first one reported
+                errors.append(exc)
+
+    started = time.time()
+    threads = [threading.Thread(target=post) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.time() - started
+    for pool in pools:
+        pool.close()
+    if errors:
+        raise SystemExit(f"the bare client failed {len(errors)} requests: {errors[0]!r}")
+    print(
+        f"  bare: {count} POSTs to {len(tenancies)} receivers in {elapsed:.2f} s = "
+        f"{count / elapsed:.0f}/s (urllib3, {concurrency} threads, kept connections)"
+    )
+    return count / elapsed
 
 
 def steady(tenancies: list[Tenancy], fifth: Tenancy, rate: float, seconds: float) -> list[float]:
@@ -261,6 +329,7 @@ def cleanup(daemons: list[subprocess.Popen], receivers: list[Receiver]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deliveries", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved throughput rounds")
     parser.add_argument("--rate", type=float, default=20.0, help="healthy events per second")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--concurrency", type=int, default=settings.WORKER_CONCURRENCY)
@@ -282,7 +351,19 @@ def main() -> None:
         )
         # A first delivery per receiver warms the daemons up (connections, imports).
         throughput(tenancies, len(tenancies))
-        throughput(tenancies, args.deliveries)
+        hub_rates, bare_rates, ratios = [], [], []
+        for number in range(1, args.rounds + 1):
+            print(f"round {number} ({load_note()} at its start)")
+            hub_rates.append(throughput(tenancies, args.deliveries))
+            bare_rates.append(bare(tenancies, args.deliveries, args.concurrency))
+            ratios.append(hub_rates[-1] / bare_rates[-1])
+            print(f"  ratio hub/bare {ratios[-1]:.2f}")
+        print(
+            f"throughput, median of {args.rounds} rounds: hub {statistics.median(hub_rates):.0f}"
+            f"/s, bare client {statistics.median(bare_rates):.0f}/s; ratio median "
+            f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})"
+        )
+        print(f"isolation ({load_note()} at its start)")
         alone = steady(tenancies, Tenancy(fifth_receiver, sector), args.rate, args.seconds)
         hung = Tenancy(hung_receiver, sector)
         beside = steady(tenancies, hung, args.rate, args.seconds)

@@ -19,6 +19,7 @@ the success that un-parks cannot miss each other. A disabled endpoint's deliveri
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -30,6 +31,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from common import tracing
@@ -41,6 +44,7 @@ from outbox.services import actor_label, dispatch
 from webhook import transport
 from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import DeliveryStatus, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from webhook.secret_box import unseal
 from webhook.signing import new_message_id, signed_headers
 
 logger = logging.getLogger("hubdommed.webhook")
@@ -52,6 +56,18 @@ EXCERPT_CHARS = 1024
 UNPARK_BATCH = 100
 # A failing endpoint's probe comes back after this share of how long it has been failing.
 PROBE_SHARE = 0.05
+# The advisory lock's first key: an attempt in flight holds (ATTEMPT_LOCK_NAMESPACE,
+# delivery id mod 2**31) on its worker's database session from its start to its record.
+# A worker that dies loses its session, and the lock with it, at once: its attempt no
+# longer counts as in flight, and its endpoint takes the next one within a second, not
+# after the attempt's whole budget.
+ATTEMPT_LOCK_NAMESPACE = 0x776861  # "wha"
+_LOCK_KEY = "(({id}) %% 2147483648)::int4"
+# Whether the attempt of the delivery row ``{table}`` is still held by a live session.
+_ALIVE = (
+    "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = {ns} "
+    "AND objsubid = 2 AND objid = ({table}.id %% 2147483648)::int4::oid AND granted)"
+)
 
 
 # --- the event listener -------------------------------------------------------------------
@@ -155,7 +171,8 @@ class Outcome(StrEnum):
     DELIVERED = "delivered"
     RETRYING = "retrying"
     FAILED = "failed"
-    # Not attempted: another run's business, the endpoint disabled, or a slow receiver's turn.
+    # Not attempted: another run's business, the endpoint disabled, or a slow receiver's turn
+    # (parked behind its live attempt, or, when the token was busy, a new run due later).
     STALE = "stale"
     HELD = "held"
     DEFERRED = "deferred"
@@ -176,7 +193,7 @@ class _Request:
 
 def delivery_attempt(*, delivery_id: int, run_id: uuid.UUID) -> Outcome:
     """Make the attempt that run ``run_id`` was scheduled for, and record what came of it."""
-    request = _begin(delivery_id, run_id)
+    request = _begin_fast(delivery_id, run_id) or _begin(delivery_id, run_id)
     if isinstance(request, Outcome):
         return request
     # The attempt's log lines name the job the event is about (the task's run binds the rest).
@@ -202,7 +219,20 @@ def _attempt(request: _Request, run_id: uuid.UUID) -> Outcome:
                 span.set_attribute("http.response.status_code", answer.status_code)
             if answer.error or (answer.status_code or 0) >= 400:
                 span.set_status(tracing.StatusCode.ERROR, answer.error[:200] or None)
-    return _record(request, run_id, started_at, answer)
+    if (
+        not answer.error
+        and answer.status_code is not None
+        and 200 <= answer.status_code < 300
+        and answer.latency_ms < settings.WEBHOOK_SLOW_SECONDS * 1000
+    ):
+        if _record_fast(request, run_id, started_at, answer):
+            _log_outcome(request, Outcome.DELIVERED, answer)
+            return Outcome.DELIVERED
+        return _record(request, run_id, started_at, answer)
+    try:
+        return _record(request, run_id, started_at, answer)
+    finally:
+        _let_go_attempt(request.delivery_id)
 
 
 def _post(request: _Request, started_at: datetime) -> transport.Answer:
@@ -259,22 +289,38 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
         delivery.save(update_fields=["scheduled_run_id", "next_attempt_at", "attempt_started_at"])
         return Outcome.HELD
     wait = _wait(endpoint, delivery, now)
-    if wait is None and not endpoint.answers_fast:
+    token = None
+    if wait is not None or not endpoint.answers_fast:
         # One attempt at a time: the endpoint's row is the token. Another delivery holding it
-        # is starting an attempt right now, so this one waits, without queueing on the lock
-        # (a dead receiver's backlog coming back at once would hold every worker slot).
-        locked = (
+        # is starting an attempt or recording an outcome right now, so this one waits,
+        # without queueing on the lock (a dead receiver's backlog coming back at once would
+        # hold every worker slot).
+        token = (
             WebhookEndpoint.objects.select_for_update(no_key=True, skip_locked=True)
             .filter(pk=endpoint.pk)
             .first()
         )
-        wait = settings.WEBHOOK_DEFER_SECONDS if locked is None else _wait(locked, delivery, now)
+        if token is not None:
+            wait = _wait(token, delivery, now)
+        elif wait is None:
+            wait = settings.WEBHOOK_DEFER_SECONDS
     if wait is not None:
+        if token is not None:
+            # Behind a live attempt of its endpoint, under the token: parked, no new run.
+            # That attempt's outcome takes the endpoint's row after this commits, and takes
+            # it up (a success: with the next batch; a failure: behind the probe, as every
+            # parked delivery of a failing endpoint).
+            delivery.park()
+            delivery.save(
+                update_fields=["scheduled_run_id", "next_attempt_at", "attempt_started_at"]
+            )
+            return Outcome.DEFERRED
         _schedule(delivery, delay=wait)
         delivery.save(update_fields=["scheduled_run_id", "next_attempt_at"])
         return Outcome.DEFERRED
     delivery.begin_attempt(now=now)
     delivery.save(update_fields=["attempt_started_at"])
+    _hold_attempt(delivery.pk)
     return _Request(
         delivery_id=delivery.pk,
         endpoint_id=endpoint.pk,
@@ -286,6 +332,155 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
     )
 
 
+# --- the common case, in one statement each ----------------------------------------------
+# A delivery to a receiver that answers fast, with nothing of it in flight past
+# WEBHOOK_SLOW_SECONDS: the attempt begins in one statement (the delivery's row lock, the
+# guard's count and the liveness lock in one), and a fast success is recorded in one (the
+# attempt, the delivery delivered). Anything else (a first attempt, a slow or failing
+# receiver, parked deliveries to take up, a failure) goes the whole way, under the locks
+# the decisions need.
+# The beginning is committed without waiting for the disk (``synchronous_commit`` off for
+# its own transaction, set by the statement itself): a beginning lost with the database
+# only leaves its attempt uncounted by the slow-receiver guard (a receiver that answered
+# fast may take one more at once), never an outcome unrecorded. The outcome waits for the
+# disk, as it must: it is durable before the task's run is settled.
+
+_BEGIN_FAST = f"""
+    UPDATE webhook_deliveries AS d
+       SET attempt_started_at = %(now)s
+      FROM webhook_endpoints AS e
+     WHERE d.id = %(delivery_id)s AND d.status = 'pending' AND d.scheduled_run_id = %(run_id)s
+       AND e.id = d.endpoint_id AND e.status = 'active' AND e.answers_fast
+       AND NOT EXISTS (
+           SELECT 1 FROM webhook_deliveries AS o
+            WHERE o.endpoint_id = d.endpoint_id AND o.id <> d.id
+              AND o.attempt_started_at > %(lost_before)s
+              AND o.attempt_started_at < %(slow_before)s
+              AND {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="o")})
+ RETURNING d.body, d.message_id, d.attempts, d.endpoint_id, e.url, e.secret,
+           e.previous_secret, e.previous_secret_expires_at,
+           pg_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="d.id")}),
+           set_config('synchronous_commit', 'off', true)
+"""  # noqa: S608 (only the module's own constants are formatted in)
+
+# FOR SHARE on the endpoint: a failure's outcome (FOR NO KEY UPDATE) decides before or
+# after this success, never beside it; an endpoint found failing, slow, disabled or with
+# parked deliveries to take up is left to the whole way. The lock of the attempt is let go
+# in the same statement, whatever it finds.
+_RECORD_FAST = f"""
+    WITH endpoint AS (
+        SELECT id FROM webhook_endpoints
+         WHERE id = %(endpoint_id)s AND status = 'active' AND answers_fast
+           AND failing_since IS NULL
+           AND NOT EXISTS (
+               SELECT 1 FROM webhook_deliveries
+                WHERE endpoint_id = %(endpoint_id)s AND status = 'pending'
+                  AND scheduled_run_id IS NULL)
+           FOR SHARE
+    ), delivered AS (
+        UPDATE webhook_deliveries AS d
+           SET status = 'delivered', attempts = %(number)s, attempt_started_at = NULL,
+               last_status_code = %(status_code)s, last_latency_ms = %(latency_ms)s,
+               last_error = '', finished_at = %(now)s, next_attempt_at = NULL,
+               scheduled_run_id = NULL
+          FROM endpoint
+         WHERE d.id = %(delivery_id)s AND d.endpoint_id = endpoint.id
+           AND d.status = 'pending' AND d.scheduled_run_id = %(run_id)s
+     RETURNING d.id
+    ), attempt AS (
+        INSERT INTO webhook_attempts
+               (delivery_id, number, started_at, status_code, latency_ms, error,
+                response_excerpt)
+        SELECT id, %(number)s, %(started_at)s, %(status_code)s, %(latency_ms)s, '', %(excerpt)s
+          FROM delivered
+     RETURNING delivery_id
+    )
+    SELECT (SELECT count(*) FROM attempt),
+           pg_advisory_unlock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="%(delivery_id)s")})
+"""  # noqa: S608 (only the module's own constants are formatted in)
+
+
+def _begin_fast(delivery_id: int, run_id: uuid.UUID) -> _Request | None:
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _BEGIN_FAST,
+            {
+                "delivery_id": delivery_id,
+                "run_id": run_id,
+                "now": now,
+                "lost_before": now - _attempt_budget(),
+                "slow_before": now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS),
+            },
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    body, message_id, attempts, endpoint_id, url, secret, previous, expires, _, _ = row
+    signer = WebhookEndpoint(
+        secret=_unsealed(secret),
+        previous_secret=_unsealed(previous),
+        previous_secret_expires_at=expires,
+    )
+    return _Request(
+        delivery_id=delivery_id,
+        endpoint_id=endpoint_id,
+        url=url,
+        body=body,
+        message_id=message_id,
+        secrets=signer.signing_secrets(now),
+        number=attempts + 1,
+    )
+
+
+# A worker process reads the same endpoints' secrets again and again: each sealed form
+# (which changes with the secret, and with a re-encryption under a new key) is decrypted
+# once. A process that signs with a secret holds it in memory anyway.
+@functools.lru_cache(maxsize=1024)
+def _unsealed(token: str) -> str:
+    return unseal(token)
+
+
+def _record_fast(
+    request: _Request, run_id: uuid.UUID, started_at: datetime, answer: transport.Answer
+) -> bool:
+    """Record a fast success in one statement (autocommit: durable before the run is
+    settled); False: the whole way must decide (the attempt's lock is let go either way)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RECORD_FAST,
+            {
+                "delivery_id": request.delivery_id,
+                "endpoint_id": request.endpoint_id,
+                "run_id": run_id,
+                "number": request.number,
+                "started_at": started_at,
+                "status_code": answer.status_code,
+                "latency_ms": answer.latency_ms,
+                "excerpt": answer.excerpt[:EXCERPT_CHARS],
+                "now": timezone.now(),
+            },
+        )
+        recorded, _ = cursor.fetchone()
+    return bool(recorded)
+
+
+def _hold_attempt(delivery_id: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT pg_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id='%s')})",
+            [delivery_id],
+        )
+
+
+def _let_go_attempt(delivery_id: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT pg_advisory_unlock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id='%s')})",
+            [delivery_id],
+        )
+
+
 def _wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -> float | None:
     """Seconds this attempt must wait, not counted as an attempt (None: go ahead).
 
@@ -295,11 +490,18 @@ def _wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -
     holds one worker slot, and every other tenant's deliveries keep the rest.
     """
     budget = _attempt_budget()
-    in_flight = WebhookDelivery.objects.filter(
-        endpoint_id=endpoint.pk,
-        # An attempt older than the request's whole budget died with its worker.
-        attempt_started_at__gt=now - budget,
-    ).exclude(pk=delivery.pk)
+    in_flight = (
+        WebhookDelivery.objects.alias(alive=_ALIVE_EXPRESSION)
+        .filter(
+            endpoint_id=endpoint.pk,
+            # Its worker's session holds its lock: an attempt whose worker died is not in
+            # flight, nor one older than the request's whole budget (stuck, whatever its
+            # session says).
+            alive=True,
+            attempt_started_at__gt=now - budget,
+        )
+        .exclude(pk=delivery.pk)
+    )
     if endpoint.answers_fast:
         in_flight = in_flight.filter(
             attempt_started_at__lt=now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS)
@@ -316,6 +518,13 @@ def _wait(endpoint: WebhookEndpoint, delivery: WebhookDelivery, now: datetime) -
             (oldest + budget - now).total_seconds() + random.uniform(0, 5),
         )
     return settings.WEBHOOK_DEFER_SECONDS
+
+
+_ALIVE_EXPRESSION = RawSQL(  # noqa: S611 (the module's own constants, no input)
+    _ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table='"webhook_deliveries"'),
+    [],
+    output_field=BooleanField(),
+)
 
 
 def _attempt_budget() -> timedelta:
@@ -364,6 +573,11 @@ def _record(
         if _health(endpoint) != health_before:
             # Written only when it changed: a healthy receiver's attempts write no endpoint row.
             endpoint.save(update_fields=_HEALTH_FIELDS)
+    _log_outcome(request, outcome, answer)
+    return outcome
+
+
+def _log_outcome(request: _Request, outcome: Outcome, answer: transport.Answer) -> None:
     logger.info(
         "webhook %s attempt %d to endpoint %s: %s (%s, %d ms)",
         request.message_id,
@@ -373,7 +587,6 @@ def _record(
         answer.status_code or answer.error,
         answer.latency_ms,
     )
-    return outcome
 
 
 def _after_failure(

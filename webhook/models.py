@@ -50,10 +50,11 @@ DELIVERY_WAYS_FORWARD = {
         "long past its due time"
     ),
     "parked": (
-        "its active endpoint's probe: the one scheduled delivery of a failing endpoint, whose "
-        "success takes the parked ones up (UNPARK_BATCH per success, due at once) and whose "
-        "end hands the probe on to the oldest parked one; the monitor's check makes a probe "
-        "of the oldest when an endpoint has parked deliveries and none scheduled"
+        "its active endpoint's probe: the one scheduled delivery of a failing endpoint (or "
+        "the attempt in flight it was parked behind), whose success takes the parked ones up "
+        "(UNPARK_BATCH per success, due at once) and whose end hands the probe on to the "
+        "oldest parked one; the monitor's check makes a probe of the oldest when an endpoint "
+        "has parked deliveries and none scheduled"
     ),
     "held": (
         "parked while its endpoint is disabled: a manager's enable takes it up again; past "

@@ -12,11 +12,13 @@ bound, so a receiver costs a worker slot for seconds at most.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import re
 import socket
 import ssl
+import threading
 import time
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
@@ -223,14 +225,21 @@ class Target:
 def target_of(url: str) -> Target:
     """The checked target of ``url``; RefusedAddress says why there is none. One function
     for registration and delivery, so both decide on the same canonical host."""
-    allow_private = settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES
+    return _target_of(url, settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES)
+
+
+# The reading of a URL depends on nothing else: kept, not worked out again on every
+# request (a refusal is not kept, and comes out the same each time).
+@functools.lru_cache(maxsize=1024)
+def _target_of(url: str, allow_private: bool) -> Target:
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
         raise RefusedAddress(f"not a valid URL: {exc}") from None
-    if parts.scheme not in allowed_schemes():
-        raise RefusedAddress(f"the URL must use {' or '.join(allowed_schemes())}")
+    schemes = ("https", "http") if allow_private else ("https",)  # as allowed_schemes()
+    if parts.scheme not in schemes:
+        raise RefusedAddress(f"the URL must use {' or '.join(schemes)}")
     if not parts.hostname:
         raise RefusedAddress("the URL has no host")
     if parts.username is not None or parts.password is not None:
@@ -382,6 +391,91 @@ def _in_chain(exc: BaseException, kind: type[BaseException]) -> BaseException | 
     return None
 
 
+# --- kept connections -----------------------------------------------------------------------
+# One pool of connections per receiver: its scheme, the address checked for this request,
+# its port, and the name SNI and the certificate check use (with the CA bundle that checks
+# it). A pooled connection is only ever reused for the very address the request's own
+# check allowed: a name that resolves elsewhere next time (DNS rebinding) gets another
+# pool, and its new connections go to the address checked then.
+POOL_CONNECTIONS = 4  # kept per receiver (a worker process has this many slots by default)
+POOLS_KEPT = 256  # receivers a worker process keeps connections to; the least recent go
+POOL_IDLE_SECONDS = 4.0  # a receiver's connections unused this long are closed
+# (shorter than the common servers' keep-alive: Node's 5 s, nginx's 75 s), so that a
+# connection is rarely reused just as the receiver closes it.
+
+
+@dataclass(frozen=True)
+class _PoolKey:
+    scheme: str
+    address: str
+    port: int
+    server_name: str
+    ca_bundle: str
+
+
+class _Pools:
+    """The worker process's kept connections, bounded: ``POOLS_KEPT`` receivers of
+    ``POOL_CONNECTIONS`` each (more at once are made and closed after use), closed when
+    idle for ``POOL_IDLE_SECONDS``."""
+
+    def __init__(self) -> None:
+        self._pools: dict[_PoolKey, tuple[urllib3.HTTPConnectionPool, float]] = {}
+        self._lock = threading.Lock()
+        self._swept = time.monotonic()
+
+    def get(self, key: _PoolKey) -> urllib3.HTTPConnectionPool:
+        now = time.monotonic()
+        closing: list[urllib3.HTTPConnectionPool] = []
+        with self._lock:
+            entry = self._pools.pop(key, None)
+            if entry is not None and now - entry[1] > POOL_IDLE_SECONDS:
+                closing.append(entry[0])
+                entry = None
+            pool = entry[0] if entry is not None else _new_pool(key)
+            # Re-inserted last: the dict's order is the least recently used first.
+            self._pools[key] = (pool, now)
+            while len(self._pools) > POOLS_KEPT:
+                oldest = next(iter(self._pools))
+                closing.append(self._pools.pop(oldest)[0])
+            if now - self._swept > POOL_IDLE_SECONDS:
+                self._swept = now
+                idle = [k for k, (_, used) in self._pools.items() if now - used > POOL_IDLE_SECONDS]
+                closing.extend(self._pools.pop(idle_key)[0] for idle_key in idle)
+        for old in closing:
+            old.close()
+        return pool
+
+    def close(self) -> None:
+        with self._lock:
+            pools = [pool for pool, _ in self._pools.values()]
+            self._pools.clear()
+        for pool in pools:
+            pool.close()
+
+    def __len__(self) -> int:
+        return len(self._pools)
+
+
+def _new_pool(key: _PoolKey) -> urllib3.HTTPConnectionPool:
+    pool_args = {"retries": False, "maxsize": POOL_CONNECTIONS, "block": False}
+    if key.scheme == "https":
+        # Connected to the checked address; the name, in its A-label form, still drives
+        # SNI and the certificate check, on every new connection of the pool.
+        return urllib3.HTTPSConnectionPool(
+            key.address,
+            key.port,
+            server_hostname=key.server_name,
+            assert_hostname=key.server_name,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=key.ca_bundle,
+            **pool_args,
+        )
+    return urllib3.HTTPConnectionPool(key.address, key.port, **pool_args)
+
+
+pools = _Pools()
+
+
 def _post_once(
     url: str, body: bytes, headers: dict[str, str], deadline: float
 ) -> tuple[int, str, str, float | None]:
@@ -394,57 +488,69 @@ def _post_once(
         connect=min(settings.WEBHOOK_CONNECT_TIMEOUT, remaining),
         read=min(settings.WEBHOOK_READ_TIMEOUT, remaining),
     )
-    pool_args = {"timeout": timeout, "retries": False, "maxsize": 1, "block": False}
-    if target.scheme == "https":
-        # Connected to the checked address; the name, in its A-label form, still drives
-        # SNI and the certificate check.
-        pool = urllib3.HTTPSConnectionPool(
-            address,
-            target.port,
-            server_hostname=target.host,
-            assert_hostname=target.host,
-            cert_reqs="CERT_REQUIRED",
-            ca_certs=settings.WEBHOOK_CA_BUNDLE or certifi.where(),
-            **pool_args,
+    pool = pools.get(
+        _PoolKey(
+            scheme=target.scheme,
+            address=address,
+            port=target.port,
+            server_name=target.host if target.scheme == "https" else "",
+            ca_bundle=(settings.WEBHOOK_CA_BUNDLE or certifi.where())
+            if target.scheme == "https"
+            else "",
         )
-    else:
-        pool = urllib3.HTTPConnectionPool(address, target.port, **pool_args)
-    try:
-        response = pool.urlopen(
-            "POST",
-            target.path,
-            body=body,
-            headers={**headers, "Host": target.authority},
-            redirect=False,
-            preload_content=False,
-            assert_same_host=False,
-        )
+    )
+    for reuse in (True, False):
+        made = pool.num_connections
         try:
-            excerpt = _read_bounded(response, deadline)
-            return (
-                response.status,
-                excerpt,
-                response.headers.get("Location", ""),
-                _retry_after(response.headers.get("Retry-After")),
+            response = pool.urlopen(
+                "POST",
+                target.path,
+                body=body,
+                headers={**headers, "Host": target.authority},
+                timeout=timeout,
+                redirect=False,
+                preload_content=False,
+                assert_same_host=False,
             )
-        finally:
-            response.release_conn()
-    finally:
-        pool.close()
-
-
-def _read_bounded(response, deadline: float) -> str:
-    """At most WEBHOOK_MAX_RESPONSE_BYTES of the body, within the deadline; the rest is
-    left unread (the connection is closed, not drained)."""
-    limit = settings.WEBHOOK_MAX_RESPONSE_BYTES
-    chunks, size = [], 0
-    while size < limit and time.monotonic() < deadline:
-        chunk = response.read(min(4096, limit - size), decode_content=False)
-        if not chunk:
             break
+        except ProtocolError:
+            # A kept connection the receiver closed as it was reused (no answer came, and
+            # none will on it): once more, on a new connection. Never after a timeout, and
+            # never when the connection was new.
+            if not reuse or pool.num_connections != made or time.monotonic() >= deadline:
+                raise
+    whole = False
+    try:
+        excerpt, whole = _read_bounded(response, deadline)
+        return (
+            response.status,
+            excerpt,
+            response.headers.get("Location", ""),
+            _retry_after(response.headers.get("Retry-After")),
+        )
+    finally:
+        if not whole:
+            # The rest is never read: the connection is closed, not kept.
+            response.close()
+        response.release_conn()
+
+
+def _read_bounded(response, deadline: float) -> tuple[str, bool]:
+    """At most WEBHOOK_MAX_RESPONSE_BYTES of the body, within the deadline, and whether
+    that was the whole body (else the rest is left unread: the connection is closed, not
+    drained, nor kept)."""
+    limit = settings.WEBHOOK_MAX_RESPONSE_BYTES
+    chunks, size, whole = [], 0, False
+    while time.monotonic() < deadline:
+        chunk = response.read(min(4096, limit - size) if size < limit else 1, decode_content=False)
+        if not chunk:
+            whole = True
+            break
+        if size >= limit:
+            break  # more than the bound: not read further
         chunks.append(chunk)
         size += len(chunk)
-    return b"".join(chunks).decode("utf-8", errors="replace")
+    return b"".join(chunks).decode("utf-8", errors="replace"), whole
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -26,6 +26,8 @@ class Received:
     body: bytes
     # The status the receiver answered it with (sent late, or never, for a slow reply).
     answered: int = 0
+    # The client's port: requests over one kept connection share it.
+    client_port: int = 0
 
 
 @dataclass
@@ -51,6 +53,8 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            # The answer's head and body go out at once (no wait for a delayed ACK).
+            disable_nagle_algorithm = True
             protocol_version = "HTTP/1.1"
 
             def do_POST(self):
@@ -62,7 +66,9 @@ class Receiver:
                     reply = receiver.default
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 with receiver.lock:
-                    receiver.received.append(Received(self.path, headers, body, reply.status))
+                    receiver.received.append(
+                        Received(self.path, headers, body, reply.status, self.client_address[1])
+                    )
                 if reply.delay:
                     receiver.release.wait(reply.delay)
                 try:
@@ -107,6 +113,16 @@ def receiver():
     server.release.set()
     server.server.shutdown()
     server.server.server_close()
+
+
+@pytest.fixture(autouse=True)
+def kept_connections():
+    """Each test starts with no connection kept from another test's receivers."""
+    from webhook import transport
+
+    transport.pools.close()
+    yield transport.pools
+    transport.pools.close()
 
 
 @pytest.fixture(autouse=True)
@@ -203,6 +219,8 @@ def tls_receiver(certificate_name: str) -> Iterator[TLSReceiver]:
     server_names: list[str | None] = []
 
     class Handler(BaseHTTPRequestHandler):
+        # The answer's head and body go out at once (no wait for a delayed ACK).
+        disable_nagle_algorithm = True
         protocol_version = "HTTP/1.1"
 
         def do_POST(self):
