@@ -64,7 +64,7 @@ from django.conf import settings  # noqa: E402
 from django.db import transaction  # noqa: E402
 
 from automation.models import Automation  # noqa: E402
-from bench.load import load_note  # noqa: E402
+from bench.load import add_load_arguments, load_note, require_quiet  # noqa: E402
 from broker import topology  # noqa: E402
 from identity.models import Tenant  # noqa: E402
 from job.models import Job  # noqa: E402
@@ -333,7 +333,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=20.0, help="healthy events per second")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--concurrency", type=int, default=settings.WORKER_CONCURRENCY)
+    add_load_arguments(parser)
     args = parser.parse_args()
+    require_quiet(args)
 
     sector = Sector.objects.create(name=f"Bench {TAG}", slug=f"bench-{TAG}")
     receivers = [Receiver() for _ in range(HEALTHY_TENANTS)]
