@@ -116,6 +116,30 @@ def deliveries_record(event: RecordedEvent) -> list[int]:
     return [delivery.pk for delivery in deliveries]
 
 
+def deliveries_record_many(events: list[RecordedEvent]) -> list[int]:
+    """``deliveries_record`` for the events of one ``publish_many`` (a scheduler's batch of
+    jobs, for one): the endpoints of all their tenants read in one statement, and only
+    the events some endpoint wants go on to be recorded one by one."""
+    wanted = [
+        event
+        for event in events
+        if event.tenant_id is not None and event.type in TENANT_EVENT_TYPES
+    ]
+    if not wanted:
+        return []
+    subscribed: dict[int, set[str]] = {}
+    for tenant_id, event_types in WebhookEndpoint.objects.filter(
+        tenant_id__in={event.tenant_id for event in wanted},
+        status=WebhookEndpoint.Status.ACTIVE,
+    ).values_list("tenant_id", "event_types"):
+        subscribed.setdefault(tenant_id, set()).update(event_types)
+    recorded: list[int] = []
+    for event in wanted:
+        if event.type in subscribed.get(event.tenant_id, ()):
+            recorded.extend(deliveries_record(event))
+    return recorded
+
+
 def _endpoints_parking(endpoint_ids: list[int]) -> set[int]:
     """Of these endpoints (read as failing without a lock), those still failing with a
     probe on its way: their new deliveries are parked.
