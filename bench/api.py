@@ -19,6 +19,7 @@ and again at the end. Its Redis keys have a prefix of the run's own, deleted at 
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import os
@@ -45,6 +46,8 @@ os.environ["ACCESS_TOKEN_SECONDS"] = "86400"
 # Served as in production: no DEBUG (which keeps every query in memory, among others).
 os.environ["DEBUG"] = "false"
 os.environ["SECRET_KEY"] = f"bench-{uuid.uuid4().hex}"
+# Without DEBUG the webhook secrets need a key of their own: a new one per run.
+os.environ["WEBHOOK_SECRET_KEYS"] = base64.urlsafe_b64encode(os.urandom(32)).decode()
 os.environ["ALLOWED_HOSTS"] = "127.0.0.1"
 
 import django  # noqa: E402
