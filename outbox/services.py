@@ -40,7 +40,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models.expressions import RawSQL
+from django.db.models.expressions import DatabaseDefault, RawSQL
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
@@ -233,9 +233,8 @@ def _write_many(groups: list[_Runs], events: list[Event]) -> None:
     """Write ``events`` (their ids already taken) and the outbox rows and runs of every
     group, in one statement; the events get the database's ``occurred_at``."""
     parts, params = [], []
-    sql, values = _insert_sql(Event, events, with_pk=True)
     # The ids were taken from the column's own sequence: an identity column takes them so.
-    sql = sql.replace(") VALUES (", ") OVERRIDING SYSTEM VALUE VALUES (", 1)
+    sql, values = _insert_sql(Event, events, with_pk=True, overriding=True)
     parts.append(f'new_events AS ({sql} RETURNING "id", "occurred_at")')
     params.extend(values)
     task_runs = [run for runs in groups for run in runs.runs]
@@ -450,20 +449,101 @@ class _WithEventId(RawSQL):
 
 
 def _insert_sql(
-    model: type[models.Model], objs: list[models.Model], *, with_pk: bool = False
+    model: type[models.Model],
+    objs: list[models.Model],
+    *,
+    with_pk: bool = False,
+    overriding: bool = False,
 ) -> tuple[str, list[Any]]:
-    """The INSERT of ``objs`` that ``bulk_create`` would send, as SQL and parameters
-    (``with_pk``: their ids, taken before, are written too)."""
+    """The INSERT of ``objs`` as SQL and parameters (``with_pk``: their ids, taken before,
+    are written too; ``overriding``: into an identity column).
+
+    Many rows go as one array per column, ``INSERT … SELECT … FROM unnest(…)``: a parameter
+    per column instead of one per value, which the compiler and the driver would otherwise
+    build and parse value by value (most of a large batch's time). The values are the ones
+    ``bulk_create`` would send (each field's ``pre_save`` and ``get_db_prep_save``); a
+    column every row leaves to its database default is left out, and one whose every row
+    has the same SQL expression (``clock_timestamp()``) is that expression in the SELECT.
+    Otherwise (expressions that differ, defaults for some rows only, an array column, one
+    row) it is the compiler's own INSERT.
+    """
     meta = model._meta
     fields = [
         field
         for field in meta.concrete_fields
         if not field.generated and (with_pk or field is not meta.auto_field)
     ]
+    override = " OVERRIDING SYSTEM VALUE" if overriding else ""
+    if len(objs) > 1:
+        columns = _as_columns(model, fields, objs)
+        if columns is not None and any(column.sql is None for column in columns):
+            selected, casts, select_params, arrays = [], [], [], []
+            for column in columns:
+                if column.sql is not None:
+                    selected.append(column.sql)
+                    select_params.extend(column.params)
+                else:
+                    selected.append(f"u.c{len(arrays)}")
+                    casts.append(f"%s::{column.field.db_type(connection)}[]")
+                    arrays.append(column.params)
+            names = ", ".join(connection.ops.quote_name(column.field.column) for column in columns)
+            aliases = ", ".join(f"c{n}" for n in range(len(arrays)))
+            table = connection.ops.quote_name(model._meta.db_table)
+            sql = (
+                f"INSERT INTO {table} ({names}){override} SELECT {', '.join(selected)} "  # noqa: S608 (names, types and expressions of the model, every value a parameter)
+                f"FROM unnest({', '.join(casts)}) AS u({aliases})"
+            )
+            return sql, select_params + arrays
     query = InsertQuery(model)
     query.insert_values(fields, objs)
     ((sql, params),) = query.get_compiler(connection=connection).as_sql()
+    if overriding:
+        sql = sql.replace(") VALUES (", f"){override} VALUES (", 1)
     return sql, list(params)
+
+
+@dataclass
+class _Column:
+    field: models.Field
+    # The values, one a row; or, for a column whose every row has the same SQL expression
+    # (``clock_timestamp()``), that SQL and its parameters.
+    params: list[Any]
+    sql: str | None = None
+
+
+def _as_columns(
+    model: type[models.Model], fields: list[models.Field], objs: list[models.Model]
+) -> list[_Column] | None:
+    """The columns of the INSERT of ``objs``, their values one list per column; None where
+    arrays cannot carry them (an array column, some rows with the database default and
+    some without, an expression that is not the same in every row)."""
+    compiler = InsertQuery(model).get_compiler(connection=connection)
+    columns = []
+    for field in fields:
+        if field.db_type(connection).endswith("]"):
+            return None
+        values = [field.pre_save(obj, add=True) for obj in objs]
+        defaults = sum(isinstance(value, DatabaseDefault) for value in values)
+        if defaults == len(values):
+            continue
+        expressions = sum(hasattr(value, "resolve_expression") for value in values)
+        if defaults or expressions not in (0, len(values)):
+            return None
+        if expressions:
+            compiled = {_compiled(compiler, value) for value in values}
+            if len(compiled) != 1:
+                return None
+            ((sql, params),) = compiled
+            columns.append(_Column(field, list(params), sql))
+        else:
+            columns.append(_Column(field, [field.get_db_prep_save(v, connection) for v in values]))
+    return columns
+
+
+def _compiled(compiler, value) -> tuple[str, tuple[Any, ...]]:
+    resolved = value.resolve_expression(compiler.query, allow_joins=False, for_save=True)
+    sql, params = compiler.compile(resolved)
+    return sql, tuple(params)
 
 
 def _prepare_runs(
