@@ -110,8 +110,6 @@ class Started:
     status: str
     # BUSY: seconds until the holder's lease ends, unless its heartbeat extends it.
     lease_remaining: float = 0.0
-    # BUSY: who holds it ("" when not known).
-    held_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -137,11 +135,6 @@ def new_holder() -> str:
     return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-def held_here(holder: str) -> bool:
-    """Whether ``holder`` is a claim of this very process."""
-    return holder.startswith(f"{_HOST}:{os.getpid()}:")
-
-
 _HOST = socket.gethostname()
 
 
@@ -162,11 +155,7 @@ class RunLedger:
             run_id = uuid.UUID(str(envelope["run_id"]))
             if run_id in wanted:
                 results[holder] = Started(
-                    Begin.BUSY,
-                    0,
-                    TaskRun.Status.RUNNING,
-                    lease_remaining=float(seconds),
-                    held_by=wanted[run_id][1],
+                    Begin.BUSY, 0, TaskRun.Status.RUNNING, lease_remaining=float(seconds)
                 )
             else:
                 wanted[run_id] = (envelope, holder, float(seconds))
@@ -207,11 +196,7 @@ class RunLedger:
                         del wanted[run_id]
                     elif status == TaskRun.Status.RUNNING and (remaining or 0) > 0:
                         results[holder] = Started(
-                            Begin.BUSY,
-                            receive_count,
-                            status,
-                            lease_remaining=remaining,
-                            held_by=held_by or "",
+                            Begin.BUSY, receive_count, status, lease_remaining=remaining
                         )
                         del wanted[run_id]
                     # Else released or retried between the two statements: claim again.

@@ -37,10 +37,8 @@ logger = logging.getLogger("hubdommed.worker")
 # finishes finds its next message waiting, and the runs of a window are claimed (and its
 # outcomes committed) together, so the window's depth is what pays for the two durable
 # records' round trips (docs/PERFORMANCE.md: 8 per slot reached about two thirds of 16's
-# rate). The window is the process's whatever the number of queues it consumes (the
-# consumers share it). The price: messages of long tasks wait in one worker (claimed)
-# while another could take them; after a crash, those not started are free again within
-# seconds (their short lease, ``worker.leases``).
+# rate). The price: messages of long tasks wait in one worker (claimed) while another
+# could take them, and after a crash they wait out their lease like the running ones.
 PREFETCH_PER_SLOT = 16
 
 

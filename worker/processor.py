@@ -38,7 +38,7 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import close_old_connections, connection
@@ -57,11 +57,11 @@ from common.context import log_context
 from lifecycle.failures import log_failure
 from outbox.catalog import DEFAULT_TIME_LIMIT_SECONDS, RetryPolicy, get_catalog
 from outbox.handlers import TaskMessage, get_handler
-from outbox.runs import Begin, Lease, RunLedger, Started, held_here, new_holder
+from outbox.runs import Begin, Lease, RunLedger, new_holder
 from outbox.task_errors import UnknownTaskHandler
 from worker import metrics, retries
 from worker.come_back import ComeBack, for_consumer
-from worker.leases import AHEAD_LEASE_SECONDS, LeaseKeeper, ahead_of
+from worker.leases import LeaseKeeper
 from worker.outcomes import Outcome, Settling
 from worker.window import Prepared, RunWindow
 
@@ -70,9 +70,6 @@ logger = logging.getLogger("hubdommed.worker")
 # A copy given back because another worker holds its run comes back this long after the
 # holder's lease would end (SQS counts in whole seconds; the relay sweeps).
 LEASE_MARGIN_SECONDS = 1.0
-# A copy whose run another process claimed ahead of a slot is claimed again this long
-# after that claim's lease would end.
-CLAIM_AGAIN_MARGIN_SECONDS = 0.25
 
 
 class TimeLimitExceeded(Exception):
@@ -164,8 +161,7 @@ class TaskProcessor:
 
     def claim_window(self, batch: list[Prepared]) -> None:
         """Claim the runs of a window of deliveries in one statement (the bookkeeping
-        thread calls it); the runs claimed are held at once, under the short lease of a
-        run claimed ahead (``worker.leases``) until a slot starts them."""
+        thread calls it); the runs claimed are held (their leases extended) at once."""
         wanted: list[Prepared] = []
         for prepared in batch:
             if prepared.lease is not None:
@@ -178,117 +174,41 @@ class TaskProcessor:
             except BadMessage as exc:
                 prepared.error = exc
                 continue
-            prepared.lease = ahead_of(
-                Lease(
-                    run_id=str(uuid.UUID(str(prepared.envelope["run_id"]))),
-                    holder=new_holder(),
-                    seconds=visibility_timeout(prepared.delivery.destination),
-                    interval=heartbeat_interval(prepared.delivery.destination),
-                )
+            prepared.lease = Lease(
+                run_id=str(uuid.UUID(str(prepared.envelope["run_id"]))),
+                holder=new_holder(),
+                seconds=visibility_timeout(prepared.delivery.destination),
+                interval=heartbeat_interval(prepared.delivery.destination),
             )
             wanted.append(prepared)
         if not wanted:
             return
-        claimed_at = time.monotonic()
         started = self.ledger.begin_many(
             [(p.envelope, p.lease.holder, p.lease.seconds) for p in wanted]  # type: ignore[union-attr]
         )
         for prepared in wanted:
             lease = prepared.lease
             assert lease is not None
-            prepared.started = started[lease.holder]
-            self._decided(prepared, claimed_at, may_wait=True)
-
-    def _decided(self, prepared: Prepared, claimed_at: float, *, may_wait: bool) -> None:
-        """What a claim found: the run is held here, or the delivery settled (or, for a
-        run another process claimed ahead, its slot claims it again shortly)."""
-        lease, decision = prepared.lease, prepared.started
-        assert lease is not None and decision is not None
-        if decision.decision is Begin.SKIP:
-            # Delivered again after it finished: consumers are idempotent by run_id.
-            self.window.settle(prepared.delivery, None, Outcome.DUPLICATE)
-        elif decision.decision is Begin.BUSY:
-            if (
-                may_wait
-                and decision.held_by
-                and not held_here(decision.held_by)
-                and decision.lease_remaining <= AHEAD_LEASE_SECONDS
-            ):
-                # Another process claimed it ahead of its slots, or its lease is about to
-                # end: a worker that died with its window full leaves such runs, free in
-                # seconds. Its slot here claims it again then, rather than sending it to
-                # the back of the queue for later.
-                prepared.claim_again_at = (
-                    time.monotonic() + decision.lease_remaining + CLAIM_AGAIN_MARGIN_SECONDS
-                )
-                return
-            # Not run here, and settled now: it must not wait for a slot behind the
-            # very run it waits for.
-            delay = decision.lease_remaining + LEASE_MARGIN_SECONDS
-            logger.info(
-                "run %s is held by another worker; this copy comes back in %.1f s",
-                lease.run_id,
-                delay,
-            )
-            self._settle(
-                prepared.delivery, Outcome.BUSY, self.come_back.busy, prepared.envelope, delay
-            )
-        elif not self._hold(prepared.delivery, lease, confirmed_at=claimed_at):
-            # Given back by a shutdown while it was being claimed: not run here.
-            prepared.given_back = True
-            self.ledger.requeued(lease.run_id, holder=lease.holder)
-
-    def _claim_again(self, prepared: Prepared) -> Started | None:
-        """A run another process claimed ahead: once its lease would end, claimed again
-        (it ran there meanwhile, or started, or that process died and it is free)."""
-        assert prepared.claim_again_at is not None and prepared.envelope is not None
-        lease = prepared.lease
-        assert lease is not None
-        # Bounded: at most the short lease of a run claimed ahead, and a margin.
-        wait = prepared.claim_again_at - time.monotonic()
-        if wait > 0:
-            time.sleep(min(wait, AHEAD_LEASE_SECONDS + CLAIM_AGAIN_MARGIN_SECONDS))
-        if prepared.delivery.settled:
-            # Given back by a shutdown meanwhile.
-            return None
-        claimed_at = time.monotonic()
-        prepared.started = self.ledger.begin_many(
-            [(prepared.envelope, lease.holder, lease.seconds)]
-        )[lease.holder]
-        self._decided(prepared, claimed_at, may_wait=False)
-        return None if prepared.given_back else prepared.started
-
-    def _start(self, delivery: Delivery, envelope: dict[str, Any], lease: Lease) -> Lease | None:
-        """A slot starts the run claimed ahead: held from now on under its full lease.
-        None: its claim was lost meanwhile (the delivery is settled)."""
-        running = replace(
-            lease,
-            seconds=visibility_timeout(delivery.destination),
-            interval=heartbeat_interval(delivery.destination),
-        )
-        if not self.leases.start(running):
-            # No beat kept its short lease lately (the database slow or away): confirmed
-            # here first, or not run.
-            began = time.monotonic()
-            try:
-                kept = self.ledger.extend([running])
-            except Exception:
-                self._let_go(delivery)
-                raise
-            if running.holder not in kept or not self.leases.start(running, confirmed_at=began):
-                self._let_go(delivery)
-                delay = AHEAD_LEASE_SECONDS + LEASE_MARGIN_SECONDS
-                logger.warning(
-                    "run %s was taken over before it started here; this copy comes back in %.1f s",
+            prepared.started = decision = started[lease.holder]
+            if decision.decision is Begin.SKIP:
+                # Delivered again after it finished: consumers are idempotent by run_id.
+                self.window.settle(prepared.delivery, None, Outcome.DUPLICATE)
+            elif decision.decision is Begin.BUSY:
+                # Not run here, and settled now: it must not wait for a slot behind the
+                # very run it waits for.
+                delay = decision.lease_remaining + LEASE_MARGIN_SECONDS
+                logger.info(
+                    "run %s is held by another worker; this copy comes back in %.1f s",
                     lease.run_id,
                     delay,
                 )
-                self._settle(delivery, Outcome.BUSY, self.come_back.busy, envelope, delay)
-                return None
-        with self._claims_lock:
-            if delivery in self._claims:
-                self._claims[delivery] = running
-        return running
+                self._settle(
+                    prepared.delivery, Outcome.BUSY, self.come_back.busy, prepared.envelope, delay
+                )
+            elif not self._hold(prepared.delivery, lease):
+                # Given back by a shutdown while it was being claimed: not run here.
+                prepared.given_back = True
+                self.ledger.requeued(lease.run_id, holder=lease.holder)
 
     def _process(self, delivery: Delivery) -> None:
         prepared = self.window.claim(delivery)
@@ -307,15 +227,8 @@ class TaskProcessor:
             return
         envelope, lease, started = prepared.envelope, prepared.lease, prepared.started
         assert envelope is not None and lease is not None and started is not None
-        if prepared.claim_again_at is not None:
-            started = self._claim_again(prepared)
-            if started is None:
-                return
         if started.decision is not Begin.RUN:
             # Settled by the bookkeeping (``claim_window``) without taking a slot.
-            return
-        running = self._start(delivery, envelope, lease)
-        if running is None:
             return
         payload = envelope.get("payload")
         job_id = payload.get("job_id") if isinstance(payload, dict) else None
@@ -325,7 +238,7 @@ class TaskProcessor:
             job_id=job_id,
             tenant_id=envelope.get("tenant"),
         ):
-            self._run(delivery, envelope, running, started.receive_count)
+            self._run(delivery, envelope, lease, started.receive_count)
 
     def _run(self, delivery: Delivery, envelope: dict[str, Any], lease: Lease, receive_count: int):
         task = envelope["task"]
@@ -473,12 +386,12 @@ class TaskProcessor:
                 task = "?"
             metrics.TASK_RUNS.labels(task=task, outcome=name).inc()
 
-    def _hold(self, delivery: Delivery, lease: Lease, *, confirmed_at: float) -> bool:
+    def _hold(self, delivery: Delivery, lease: Lease) -> bool:
         with self._claims_lock:
             if delivery.settled:
                 return False
             self._claims[delivery] = lease
-        self.leases.hold(lease, confirmed_at=confirmed_at)
+        self.leases.hold(lease)
         return True
 
     def _let_go(self, delivery: Delivery) -> Lease | None:

@@ -62,10 +62,6 @@ class Prepared:
     error: BaseException | None = None
     # Given back by a shutdown while it was being claimed: not to be run.
     given_back: bool = False
-    # Found held by another process under a lease that ends within seconds (a run it
-    # claimed ahead): its slot claims it once more then (monotonic), instead of giving
-    # it back.
-    claim_again_at: float | None = None
 
 
 @dataclass(eq=False)
