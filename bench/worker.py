@@ -59,7 +59,7 @@ import pika  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from bench.load import load_note  # noqa: E402
+from bench.load import add_load_arguments, load_note, require_quiet  # noqa: E402
 from broker import topology  # noqa: E402
 from broker.sqs.publisher import sqs_client  # noqa: E402
 from outbox.handlers import task  # noqa: E402
@@ -353,7 +353,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3, help="measurements per contender")
     parser.add_argument("--no-celery", action="store_true", help="skip the Celery workers")
+    add_load_arguments(parser)
     args = parser.parse_args()
+    require_quiet(args)
 
     catalog = json.loads((ROOT / "tasks.json").read_text())
     catalog["tasks"].append({"name": "bench.noop", "queue": "default"})
