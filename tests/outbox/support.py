@@ -17,6 +17,7 @@ from django.db import connection
 
 from broker import topology
 from broker.sqs.publisher import sqs_client
+from outbox.models import Event, OutboxMessage, PlatformOutboxMessage, TaskRun
 
 
 def lose_messages(destination: str = "default") -> None:
@@ -96,3 +97,13 @@ def happened_ago(run_id: str, seconds: float) -> None:
                 "available_at = available_at - %s * interval '1 second' WHERE run_id = %s",
                 [seconds, seconds, str(run_id)],
             )
+
+
+def counts() -> tuple[int, int, int, int]:
+    """Rows of the outbox's tables: messages, platform messages, task runs, events."""
+    return (
+        OutboxMessage.objects.count(),
+        PlatformOutboxMessage.objects.count(),
+        TaskRun.objects.count(),
+        Event.objects.count(),
+    )

@@ -22,17 +22,9 @@ from outbox.services import (
     publish_many,
 )
 from tests.factories import TenantFactory
+from tests.outbox.support import counts
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def counts() -> tuple[int, int, int, int]:
-    return (
-        OutboxMessage.objects.count(),
-        PlatformOutboxMessage.objects.count(),
-        TaskRun.objects.count(),
-        Event.objects.count(),
-    )
 
 
 def _created(job_id: int, tenant, automation_id: int = 3) -> Occurrence:
@@ -42,14 +34,6 @@ def _created(job_id: int, tenant, automation_id: int = 3) -> Occurrence:
         aggregate=("Job", job_id),
         tenant=tenant,
     )
-
-
-@pytest.fixture
-def heard(monkeypatch):
-    monkeypatch.setattr(listeners, "_listeners", dict(listeners._listeners))
-    events: list[RecordedEvent] = []
-    register_event_listener("test.heard", events.append)
-    return events
 
 
 def test_dispatch_many_writes_one_run_per_payload_in_one_statement(redis_conn, settings):

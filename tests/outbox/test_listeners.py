@@ -13,14 +13,6 @@ from outbox.services import publish
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def heard(monkeypatch):
-    monkeypatch.setattr(listeners, "_listeners", dict(listeners._listeners))
-    events: list[RecordedEvent] = []
-    register_event_listener("test.heard", events.append)
-    return events
-
-
 def test_a_listener_hears_each_event_with_its_trail_row(heard, tenant):
     with transaction.atomic():
         published = publish("JobStarted", {"job_id": 7}, tenant=tenant, aggregate=("Job", 7))

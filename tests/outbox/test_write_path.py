@@ -19,17 +19,9 @@ from outbox.services import (
     publish,
 )
 from tests.factories import TenantFactory
+from tests.outbox.support import counts
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def counts() -> tuple[int, int, int, int]:
-    return (
-        OutboxMessage.objects.count(),
-        PlatformOutboxMessage.objects.count(),
-        TaskRun.objects.count(),
-        Event.objects.count(),
-    )
 
 
 class Boom(Exception):
