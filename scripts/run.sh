@@ -24,6 +24,8 @@ python manage.py collectstatic --no-input --verbosity 0
 # this script returns: nothing started here outlives `make run`.
 machines_dir=${LOCAL_MACHINES_DIR:-var/machines}
 stop_budget=${WORKER_STOP_BUDGET:-30}
+# The process groups a stop waits for (set when it begins).
+groups=""
 
 local_workers() {
   for pid_file in "$machines_dir"/*.pid; do
@@ -34,31 +36,52 @@ local_workers() {
   done
 }
 
-# At once: each worker and the command it runs (each in a session of its own).
-kill_local_machines() {
+# Each worker and the commands it runs, each in a session (and process group) of its own.
+local_groups() {
   for pid in $(local_workers); do
-    for child in $(ps -o pid= --ppid "$pid"); do
-      kill -KILL -- "-$child" 2>/dev/null || kill -KILL "$child" 2>/dev/null || true
-    done
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    echo "$pid"
+    ps -o pid= --ppid "$pid" || true
+  done
+}
+
+# Whether any process of that group still runs (a zombie waiting for its parent does not).
+group_running() {
+  ps -e -o pgid=,stat= | awk -v group="$1" '$1 == group && $2 !~ /^Z/ { found = 1 } END { exit !found }'
+}
+
+# At once: every process of those groups. A SIGKILL is only asked for when kill returns; the
+# wait for the groups to be gone is the caller's.
+kill_local_machines() {
+  for group in $groups $(local_groups); do
+    kill -KILL -- "-$group" 2>/dev/null || kill -KILL "$group" 2>/dev/null || true
   done
 }
 
 # Asked to stop: a running job finishes within the stop budget and its outcome is kept on
 # disk for the next start (docs/machines.md); a second Ctrl-C stops them all at once.
 stop_local_machines() {
+  # The second Ctrl-C's handler comes first: it may arrive as soon as the line below is read.
+  trap 'kill_local_machines' INT TERM
+  groups=$(local_groups | tr '\n' ' ')
   pids=$(local_workers | tr '\n' ' ')
   [ -n "$pids" ] || return 0
   echo "Stopping the automation workers (pids ${pids% }): a running job has up to ${stop_budget} s" \
     "to finish and is reported at the next start; Ctrl-C again stops them now."
-  trap 'kill_local_machines' INT TERM
   for pid in $pids; do kill -TERM "$pid" 2>/dev/null || true; done
   deadline=$((SECONDS + ${stop_budget%.*} + 10))
-  while [ -n "$(local_workers)" ]; do
+  # Back only when no process of theirs runs any more, commands included.
+  while [ -n "$(local_workers)" ] || any_group_running; do
     if [ "$SECONDS" -ge "$deadline" ]; then kill_local_machines; fi
     # A second Ctrl-C reaches this sleep too: not an error of the script's.
-    sleep 0.2 || true
+    sleep 0.1 || true
   done
+}
+
+any_group_running() {
+  for group in $groups; do
+    if group_running "$group"; then return 0; fi
+  done
+  return 1
 }
 trap stop_local_machines EXIT
 
