@@ -1,7 +1,9 @@
 """The wake signal: after commit, tell the relay there is something to send.
 
 Only an accelerator. A lost signal loses nothing (the relay also sweeps), so
-Redis being slow or down is logged and never fails the caller.
+Redis being slow or down is logged and never fails the caller; after a failure the process
+skips Redis for a while (``common.accelerator``), so a hung Redis does not cost every
+commit its timeout.
 
 The same signal on a key of its own wakes another daemon that sleeps until a change
 (the scheduler, when a schedule's next due time moved): ``signal_key`` and
@@ -17,6 +19,8 @@ from functools import partial
 import redis
 from django.conf import settings
 from django.db import transaction
+
+from common.accelerator import redis_hold_off
 
 logger = logging.getLogger("hubdommed.outbox")
 
@@ -41,19 +45,43 @@ def redis_client() -> redis.Redis:
     return client
 
 
+def _push(key: str) -> None:
+    """Push one pending signal on ``key``. Raises what redis-py raises."""
+    pipe = redis_client().pipeline(transaction=False)
+    pipe.lpush(key, 1)
+    # One pending signal is as good as a thousand: keep the list from growing while nobody
+    # is listening.
+    pipe.ltrim(key, 0, 0)
+    pipe.execute()
+
+
+def _signal(key: str, what: str, fallback: str) -> bool:
+    """Push the signal on ``key`` unless Redis is held off; returns whether Redis took it.
+    A failure is logged once per outage (``fallback``: what makes up for the lost signal)."""
+    hold_off = redis_hold_off()
+    if not hold_off.admits():
+        return False
+    try:
+        _push(key)
+    except (redis.RedisError, OSError) as exc:
+        if hold_off.failed():
+            logger.warning(
+                "%s not sent (%s); Redis skipped for the next %g s: %s",
+                what,
+                fallback,
+                settings.REDIS_HOLD_OFF_SECONDS,
+                exc,
+            )
+        return False
+    hold_off.succeeded()
+    return True
+
+
 def signal_relay() -> bool:
     """Push the wake signal now. Returns whether Redis took it."""
-    try:
-        pipe = redis_client().pipeline(transaction=False)
-        pipe.lpush(settings.OUTBOX_WAKE_KEY, 1)
-        # One pending signal is as good as a thousand: keep the list from growing
-        # while no relay is listening.
-        pipe.ltrim(settings.OUTBOX_WAKE_KEY, 0, 0)
-        pipe.execute()
-    except (redis.RedisError, OSError) as exc:
-        logger.warning("outbox wake signal not sent (the relay's sweep will pick it up): %s", exc)
-        return False
-    return True
+    return _signal(
+        settings.OUTBOX_WAKE_KEY, "outbox wake signal", "the relay's sweep will pick it up"
+    )
 
 
 def signal_relay_on_commit(using: str | None = None) -> None:
@@ -67,15 +95,7 @@ def signal_relay_on_commit(using: str | None = None) -> None:
 def signal_key(key: str) -> bool:
     """Push the wake signal on ``key`` now (one pending at most). Returns whether Redis
     took it; a Redis away is logged: whoever waits on ``key`` also sweeps."""
-    try:
-        pipe = redis_client().pipeline(transaction=False)
-        pipe.lpush(key, 1)
-        pipe.ltrim(key, 0, 0)
-        pipe.execute()
-    except (redis.RedisError, OSError) as exc:
-        logger.warning("wake signal %s not sent (its sweep will pick the change up): %s", key, exc)
-        return False
-    return True
+    return _signal(key, f"wake signal {key}", "its sweep will pick the change up")
 
 
 def signal_key_on_commit(key: str, using: str | None = None) -> None:
