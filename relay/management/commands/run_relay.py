@@ -41,6 +41,8 @@ logger = logging.getLogger("hubdommed.relay")
 SCHEDULE_CHECK_INTERVAL = 1.0
 # Longest single BLPOP (seconds): how long SIGTERM may wait while the relay is idle.
 BLPOP_SLICE = 1.0
+# How long after a slice's end a silent Redis counts as hung (seconds).
+BLPOP_MARGIN = 0.5
 
 
 class Command(Daemon):
@@ -124,7 +126,9 @@ class Command(Daemon):
                     timeout,
                 )
                 self._redis_down = True
-            self.stop.wait(timeout)
+            # What is left of the sweep interval: a Redis that hangs (each BLPOP waiting out
+            # its socket timeout) does not stretch the sweep.
+            self.stop.wait(max(deadline - time.monotonic(), 0))
             metrics.WAKES.labels(source="sweep").inc()
             return
         if source is not None:
@@ -139,8 +143,9 @@ class Command(Daemon):
             self._redis = redis.Redis.from_url(
                 settings.REDIS_URL,
                 socket_connect_timeout=settings.REDIS_SOCKET_TIMEOUT,
-                # BLPOP holds the socket for up to a slice.
-                socket_timeout=BLPOP_SLICE + 5,
+                # BLPOP holds the socket for up to a slice; a server that has not answered
+                # a little after it is hung, and the wait falls back to the sweep.
+                socket_timeout=BLPOP_SLICE + BLPOP_MARGIN,
             )
         return self._redis
 
