@@ -3,7 +3,8 @@
 ``/health/live`` says the process serves requests. ``/health/ready`` checks each
 dependency the API needs to do useful work and names the one that failed (only its name:
 the reason goes to the log, not to whoever asks), so an operator reading a 503 knows
-where to look.
+where to look. Redis is only an accelerator: without it the answer is a 200 whose status
+is ``degraded`` and names it.
 
 Readiness is asked often (every few seconds by each orchestrator, load balancer and
 monitor) and matters most when the machine is busy, so it is made cheap and hard to fool:
@@ -87,6 +88,11 @@ REMOTE_CHECKS: dict[str, tuple[Callable[[float], None], Callable[[], Hashable]]]
     "redis": (check_redis, lambda: settings.REDIS_URL),
     "broker": (check_broker, _broker_address),
 }
+
+# What the API serves without (Redis: the wake signals and login throttles have their
+# fallbacks): down or hung, it is a degraded detail of a 200, never a 503 that would take
+# every replica out of service.
+ACCELERATORS = frozenset({"redis"})
 
 _executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="readiness")
 _lock = threading.Lock()
@@ -176,8 +182,11 @@ def ready(request):
     except Exception as exc:
         errors["postgres"] = exc
     for name, future in remote.items():
-        # The check's own budget, and a little more for its last attempt's timeout.
+        # The check's own budget, and a little more for its last attempt's timeout; an
+        # accelerator is not worth more than one attempt's time to the probe.
         wait = settings.HEALTH_READY_BUDGET + 1.0 - (time.monotonic() - started)
+        if name in ACCELERATORS:
+            wait = min(wait, settings.HEALTH_CHECK_TIMEOUT + RETRY_PAUSE)
         try:
             future.result(timeout=max(wait, 0))
             errors[name] = None
@@ -186,12 +195,20 @@ def ready(request):
         except Exception as exc:
             errors[name] = exc
 
-    failed = [name for name, error in errors.items() if error is not None]
-    for name in failed:
-        logger.warning("readiness check %s failed: %r", name, errors[name])
-    checks = {name: ("failed" if error is not None else "ok") for name, error in errors.items()}
+    for name, error in errors.items():
+        if error is not None:
+            logger.warning("readiness check %s failed: %r", name, error)
+    checks = {
+        name: "ok" if error is None else "degraded" if name in ACCELERATORS else "failed"
+        for name, error in errors.items()
+    }
+    failed = [name for name, state in checks.items() if state == "failed"]
+    degraded = [name for name, state in checks.items() if state == "degraded"]
     if failed:
-        return JsonResponse(
-            {"status": "unavailable", "failed": failed, "checks": checks}, status=503
-        )
+        body = {"status": "unavailable", "failed": failed, "checks": checks}
+        if degraded:
+            body["degraded"] = degraded
+        return JsonResponse(body, status=503)
+    if degraded:
+        return JsonResponse({"status": "degraded", "degraded": degraded, "checks": checks})
     return JsonResponse({"status": "ok", "checks": checks})

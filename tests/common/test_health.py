@@ -28,14 +28,28 @@ def test_ready_checks_postgres_redis_and_the_broker():
     assert response.json()["checks"] == {"postgres": "ok", "redis": "ok", "broker": "ok"}
 
 
-def test_ready_names_the_dependency_that_failed(settings):
+def test_ready_names_redis_away_as_degraded_and_still_answers_200(settings):
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     response = Client().get("/health/ready")
-    assert response.status_code == 503
+    assert response.status_code == 200
     body = response.json()
-    assert body["failed"] == ["redis"]
+    assert body["status"] == "degraded"
+    assert body["degraded"] == ["redis"]
     assert body["checks"]["postgres"] == "ok"
-    assert body["checks"]["redis"] == "failed"
+    assert body["checks"]["redis"] == "degraded"
+
+
+def test_with_the_broker_down_too_the_503_names_it_and_redis_as_degraded(settings):
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    settings.RABBITMQ_URL = f"amqp://guest:guest@127.0.0.1:{free_port()}/%2F"
+    response = Client().get("/health/ready")
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "unavailable",
+        "failed": ["broker"],
+        "degraded": ["redis"],
+        "checks": {"postgres": "ok", "redis": "degraded", "broker": "failed"},
+    }
 
 
 def test_ready_reports_an_unreachable_broker(settings):
@@ -101,11 +115,11 @@ def test_a_failed_dependency_is_named_and_its_reason_goes_to_the_log_only(probes
     probes.REDIS_URL = f"redis://:redis-password@127.0.0.1:{port}/0"
     with caplog.at_level(logging.WARNING, logger="hubdommed.health"):
         response = Client().get("/health/ready")
-    assert response.status_code == 503
+    assert response.status_code == 200
     assert response.json() == {
-        "status": "unavailable",
-        "failed": ["redis"],
-        "checks": {"postgres": "ok", "redis": "failed", "broker": "ok"},
+        "status": "degraded",
+        "degraded": ["redis"],
+        "checks": {"postgres": "ok", "redis": "degraded", "broker": "ok"},
     }
     assert str(port) in caplog.text  # the reason, for the operator
     assert "refused" in caplog.text.lower()
