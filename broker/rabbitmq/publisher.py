@@ -14,6 +14,11 @@ time, so that the next close names its culprit; the rest goes on pipelined. Only
 connection, or a close that no message explains, is an outage. A ``404 NOT_FOUND`` (the
 exchange is gone: a node reset, a new cluster) declares the topology again and resends.
 
+A connection the broker blocks (``connection.blocked``: a memory or disk alarm) is flow
+control, not an outage: it is kept, the batch's answers are waited for as long as the block
+lasts, and nothing is published again; the log and ``hubdommed_broker_publishing_blocked``
+say so.
+
 The topology it declares is ``broker.rabbitmq.topology``'s, the connection parameters
 ``broker.rabbitmq.connection``'s: the consumer and the dead-letter box use the same.
 """
@@ -39,6 +44,7 @@ from broker.base import (
     Transport,
     TransportUnavailable,
 )
+from broker.metrics import PUBLISHING_BLOCKED
 from broker.rabbitmq.connection import ANSWER_TIMEOUT, CONNECT_TIMEOUT, connection_parameters
 from broker.rabbitmq.topology import TopologyError, declarations, exchange_declaration
 from broker.topology import QUEUES
@@ -242,12 +248,20 @@ class _Connection:
         self._last_io = time.monotonic()
         self._topology_channel: Any = None
         self._channel_error: str | None = None
+        # Since when the broker blocks this connection (a memory or disk alarm), or None.
+        self.blocked_since: float | None = None
+        # Flow control is not an outage: pika must not close a blocked connection (its
+        # confirms are on their way once the alarm clears, and a new connection would
+        # publish the same messages again).
+        params.blocked_connection_timeout = None
         self.connection = _CorkedConnection(
             params,
             on_open_callback=lambda _c: self.wake(),
             on_open_error_callback=self._on_open_error,
             on_close_callback=self._on_close,
         )
+        self.connection.add_on_connection_blocked_callback(self._on_blocked)
+        self.connection.add_on_connection_unblocked_callback(self._on_unblocked)
         self.run_until(lambda: self.connection.is_open, CONNECT_TIMEOUT)
         self._publishers: list[_Publisher] = []
         self.free_publisher()  # the first batch finds its channel open
@@ -270,6 +284,11 @@ class _Connection:
             if self.error:
                 raise TransportUnavailable(self.error)
             remaining = deadline - time.monotonic()
+            if remaining <= 0 and self.blocked_since is not None:
+                # Blocked: what was written stays written and its answers come when the
+                # alarm clears. The wait goes on, each round as long as the first.
+                deadline = time.monotonic() + timeout
+                remaining = timeout
             if remaining <= 0:
                 self.error = f"RabbitMQ did not answer within {timeout:g} s"
                 raise TransportUnavailable(self.error)
@@ -296,12 +315,30 @@ class _Connection:
         if self._until is not None and (self.error or self._until()):
             self.connection.ioloop.stop()
 
+    def _on_blocked(self, _connection, frame) -> None:
+        self.blocked_since = time.monotonic()
+        PUBLISHING_BLOCKED.set(1)
+        logger.warning(
+            "RabbitMQ blocked this connection (%s): publishing is held until it unblocks; "
+            "what was written stays written, nothing is sent twice",
+            getattr(frame.method, "reason", "") or "an alarm",
+        )
+
+    def _on_unblocked(self, _connection, _frame) -> None:
+        since, self.blocked_since = self.blocked_since, None
+        PUBLISHING_BLOCKED.set(0)
+        held = time.monotonic() - since if since is not None else 0.0
+        logger.info("RabbitMQ unblocked this connection after %.1f s: publishing again", held)
+
     def _on_open_error(self, _connection, exc: BaseException) -> None:
         self.error = f"cannot connect to RabbitMQ: {exc!r}"
         self.connection.ioloop.stop()
 
     def _on_close(self, _connection, reason: BaseException) -> None:
         self.error = self.error or f"RabbitMQ connection closed: {reason!r}"
+        if self.blocked_since is not None:
+            self.blocked_since = None
+            PUBLISHING_BLOCKED.set(0)
         self.connection.ioloop.stop()
 
     @property
