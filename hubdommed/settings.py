@@ -101,6 +101,12 @@ DATABASES = {
 }
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60, minimum=0))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# libpq waits for a host that does not answer as long as TCP does (minutes): with several
+# hosts in DATABASE_URL (a primary and its standbys, tried in order), one dead host would
+# stall every connection attempt. Per host; a connect_timeout in the URL wins.
+DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+    "connect_timeout", env.int("DB_CONNECT_TIMEOUT", default=5, minimum=2)
+)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_USER_MODEL = "identity.User"
