@@ -13,7 +13,10 @@ import logging
 from datetime import UTC, datetime
 
 import redis
+from django.conf import settings
 from django.core.cache import cache
+
+from common.accelerator import redis_hold_off
 
 logger = logging.getLogger("hubdommed")
 
@@ -32,10 +35,16 @@ def _key(daemon: str) -> str:
 
 def heartbeat_record(daemon: str, at: float) -> None:
     """Record that ``daemon`` beat at Unix time ``at``; a cache failure is logged, not raised."""
+    hold_off = redis_hold_off(settings.CACHES["default"]["LOCATION"])
+    if not hold_off.admits():
+        return
     try:
         cache.set(_key(daemon), at, timeout=KEEP_SECONDS)
     except (redis.RedisError, OSError) as exc:
+        hold_off.failed()
         logger.debug("heartbeat of %s not recorded: %s", daemon, exc)
+        return
+    hold_off.succeeded()
 
 
 def heartbeats_last() -> dict[str, datetime | None] | None:

@@ -18,6 +18,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from common import health
+from common.heartbeats import heartbeat_record
 from outbox.wake import signal_relay
 from relay.management.commands.run_relay import Command as RelayCommand
 from tests.factories import UserFactory
@@ -107,3 +108,10 @@ def test_the_relays_wait_stays_within_its_sweep_interval(frozen_redis):
     # A BLPOP slice, its margin, then what is left of the interval; before, the socket's
     # timeout alone was six seconds.
     assert seconds < 2.0 + 0.5, seconds
+
+
+def test_a_daemons_heartbeat_record_pays_the_hung_cache_once(frozen_redis):
+    _, first = timed(lambda: heartbeat_record("relay", time.time()))
+    assert first >= TIMEOUT * 0.8
+    _, rest = timed(lambda: [heartbeat_record("relay", time.time()) for _ in range(20)])
+    assert rest < 0.2, rest
