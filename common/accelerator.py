@@ -1,59 +1,80 @@
-"""Redis is an accelerator: when it stops answering, this process stops asking for a while.
+"""Redis is an accelerator: when it stops answering, this process stops asking until it does.
 
 A Redis that refuses connections costs a call nothing. One that hangs (a frozen server, a
 partition that drops packets) costs every call its whole socket timeout: every API write
-waiting half a second for a wake signal that the relay's sweep makes up for anyway. So a
-failed call holds Redis off for ``REDIS_HOLD_OFF_SECONDS``; during that time the callers
-skip it at once, as if it were down. When the time is up, one caller tries again (the
-others keep skipping until that try has answered); a success ends the hold-off.
+waiting half a second for a wake signal that the relay's sweep makes up for anyway. So the
+first failed call holds Redis off: from then on the callers skip it at once, as if it were
+down, and a thread of the process's own asks Redis every ``REDIS_HOLD_OFF_SECONDS`` whether
+it answers again; its first answer ends the hold-off.
 
-A Redis that hangs costs each process one timeout per hold-off, not one per request.
+A Redis that hangs costs each process one timeout per outage, in one request, whatever the
+outage's length; the callers never wait for the probe.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-import time
 
+import redis
 from django.conf import settings
+
+logger = logging.getLogger("hubdommed")
 
 
 class HoldOff:
-    def __init__(self) -> None:
+    def __init__(self, url: str) -> None:
+        self.url = url
         self._lock = threading.Lock()
-        # Monotonic time until which callers skip Redis; 0: no hold-off.
-        self._until = 0.0
         self._failed = False
+        self._prober: threading.Thread | None = None
+        self._ended = threading.Event()
+
+    @property
+    def holding(self) -> bool:
+        return self._failed
 
     def admits(self) -> bool:
-        """Whether to call Redis now. The first caller after a hold-off is the one that
-        tries again: the hold-off is extended for the others while its call is out."""
-        if not self._failed:
-            return True
-        with self._lock:
-            now = time.monotonic()
-            if now < self._until:
-                return False
-            self._until = now + settings.REDIS_HOLD_OFF_SECONDS
-            return True
-
-    def succeeded(self) -> None:
-        if self._failed:
-            with self._lock:
-                self._failed = False
-                self._until = 0.0
+        """Whether to call Redis now."""
+        return not self._failed
 
     def failed(self) -> bool:
         """Hold Redis off from now; True when it was not held off already (worth a log line)."""
         with self._lock:
             first = not self._failed
             self._failed = True
-            self._until = time.monotonic() + settings.REDIS_HOLD_OFF_SECONDS
-            return first
+            if self._prober is None and not self._ended.is_set():
+                self._prober = threading.Thread(
+                    target=self._probe, name="redis-hold-off", daemon=True
+                )
+                self._prober.start()
+        return first
 
-    @property
-    def holding(self) -> bool:
-        return self._failed
+    def end(self) -> None:
+        """Stop probing and let every caller through again."""
+        self._ended.set()
+        with self._lock:
+            self._failed = False
+
+    def _probe(self) -> None:
+        client = redis.Redis.from_url(
+            self.url,
+            socket_connect_timeout=settings.REDIS_SOCKET_TIMEOUT,
+            socket_timeout=settings.REDIS_SOCKET_TIMEOUT,
+        )
+        try:
+            while not self._ended.wait(settings.REDIS_HOLD_OFF_SECONDS):
+                try:
+                    client.ping()
+                except (redis.RedisError, OSError):
+                    continue
+                with self._lock:
+                    self._failed = False
+                    self._prober = None
+                logger.info("Redis answers again: its callers use it again")
+                return
+        finally:
+            client.close()
 
 
 _hold_offs: dict[str, HoldOff] = {}
@@ -62,16 +83,19 @@ _hold_offs_lock = threading.Lock()
 
 def redis_hold_off(url: str | None = None) -> HoldOff:
     """The process's one view of the Redis at ``url`` (``REDIS_URL`` by default): the wake
-    signals and the login throttles share it."""
+    signals, the login throttles and the heartbeats' records share it."""
     url = url or settings.REDIS_URL
     hold_off = _hold_offs.get(url)
     if hold_off is None:
         with _hold_offs_lock:
-            hold_off = _hold_offs.setdefault(url, HoldOff())
+            hold_off = _hold_offs.setdefault(url, HoldOff(url))
     return hold_off
 
 
 def forget() -> None:
-    """Drop every hold-off (tests; a process that wants to try Redis at once)."""
+    """End every hold-off (tests; a process that wants to try Redis at once)."""
     with _hold_offs_lock:
+        hold_offs = list(_hold_offs.values())
         _hold_offs.clear()
+    for hold_off in hold_offs:
+        hold_off.end()

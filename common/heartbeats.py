@@ -44,7 +44,6 @@ def heartbeat_record(daemon: str, at: float) -> None:
         hold_off.failed()
         logger.debug("heartbeat of %s not recorded: %s", daemon, exc)
         return
-    hold_off.succeeded()
 
 
 def heartbeats_last() -> dict[str, datetime | None] | None:

@@ -145,8 +145,9 @@ REDIS_URL = env.url("REDIS_URL", default="redis://127.0.0.1:6379/0", schemes=("r
 REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="hubdommed")
 # Seconds to wait for Redis before giving up: a request must never hang on it.
 REDIS_SOCKET_TIMEOUT = env.float("REDIS_SOCKET_TIMEOUT", default=0.5, minimum=0.01)
-# After a failed call, seconds during which this process skips Redis (common/accelerator.py):
-# a hung Redis costs one timeout per process this often, not one per request.
+# After a failed call this process skips Redis, and a thread of its own asks it this often
+# (seconds) whether it answers again (common/accelerator.py): a hung Redis costs a process
+# one timeout per outage, not one per request.
 REDIS_HOLD_OFF_SECONDS = env.float("REDIS_HOLD_OFF_SECONDS", default=5.0, minimum=0)
 OUTBOX_WAKE_KEY = f"{REDIS_KEY_PREFIX}:outbox:wake"
 

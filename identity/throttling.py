@@ -34,20 +34,18 @@ class _LoginThrottle(SimpleRateThrottle):
         # Redis is an accelerator: with it down the counters are lost for a while (the
         # password hasher's cost still slows guessing), but nobody is locked out by a 500.
         # A Redis that hangs is held off like one that is down (common.accelerator): a login
-        # pays its timeout once per hold-off, not on every attempt.
+        # pays its timeout once per outage, not on every attempt.
         hold_off = redis_hold_off(settings.CACHES["default"]["LOCATION"])
         if not hold_off.admits():
             return True
         try:
-            allowed = super().allow_request(request, view)
+            return super().allow_request(request, view)
         except (redis.RedisError, OSError) as exc:
             if hold_off.failed():
                 logger.warning(
                     "login throttle %s skipped: the cache is unavailable (%s)", self.scope, exc
                 )
             return True
-        hold_off.succeeded()
-        return allowed
 
     def get_ident(self, request) -> str:
         """The client address: ``REMOTE_ADDR``, or the address that many trusted proxies saw.

@@ -66,14 +66,13 @@ def _signal(key: str, what: str, fallback: str) -> bool:
     except (redis.RedisError, OSError) as exc:
         if hold_off.failed():
             logger.warning(
-                "%s not sent (%s); Redis skipped for the next %g s: %s",
+                "%s not sent (%s); Redis skipped until it answers again (asked every %g s): %s",
                 what,
                 fallback,
                 settings.REDIS_HOLD_OFF_SECONDS,
                 exc,
             )
         return False
-    hold_off.succeeded()
     return True
 
 
