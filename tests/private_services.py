@@ -378,8 +378,19 @@ class PrivateRedis:
             conn.close()
 
     def stop(self) -> None:
+        self.thaw()
         _kill_group(self._process)
         self._process = None
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections are still accepted by the kernel and nothing answers (a hung
+        server, not a dead one)."""
+        assert self._process is not None
+        os.kill(self._process.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            os.kill(self._process.pid, signal.SIGCONT)
 
     def close(self) -> None:
         _ALIVE.discard(self)

@@ -8,8 +8,6 @@ readiness answers 200 with Redis named as degraded.
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 
 import pytest
@@ -43,12 +41,11 @@ def frozen_redis(private_redis, settings):
             "OPTIONS": {"socket_connect_timeout": TIMEOUT, "socket_timeout": TIMEOUT},
         }
     }
-    pid = private_redis._process.pid
-    os.kill(pid, signal.SIGSTOP)
+    private_redis.freeze()
     try:
         yield private_redis
     finally:
-        os.kill(pid, signal.SIGCONT)
+        private_redis.thaw()
 
 
 def timed(action):
@@ -67,7 +64,7 @@ def test_the_wake_signal_pays_one_timeout_per_hold_off_then_comes_back(frozen_re
     assert results == [False] * 50
     assert rest < 0.2, f"50 signals took {rest:.2f} s while Redis was held off"
 
-    os.kill(frozen_redis._process.pid, signal.SIGCONT)
+    frozen_redis.thaw()
     # The hold-off's probe finds Redis back within its interval, and the signals go again.
     wait_until(signal_relay, timeout=10, interval=0.2, message="the wake signal sent again")
     reader = redis.Redis.from_url(frozen_redis.url)

@@ -525,6 +525,8 @@ class JobTraffic:
         self.failures: list[str] = []
         self.job_ids: list[int] = []
         self.last_created_at: float | None = None
+        # (monotonic time sent, seconds to its answer) of each created job.
+        self.latencies: list[tuple[float, float]] = []
         self._threads = [
             threading.Thread(target=self._run, name=f"traffic-{i}", daemon=True)
             for i in range(threads)
@@ -572,16 +574,19 @@ class JobTraffic:
                 if n is None:
                     return
                 body = {"automation": self.seeded.automation_id, "params": self.params(n)}
+                sent_at = time.monotonic()
                 try:
                     response = session.post(self.url, json=body, timeout=60)
                 except requests.RequestException as exc:
                     self._count("error", f"{type(exc).__name__}: {exc}"[:300])
                     continue
                 if response.status_code == 201:
+                    answered_at = time.monotonic()
                     with self._lock:
                         self.statuses[201] += 1
                         self.job_ids.append(response.json()["id"])
-                        self.last_created_at = time.monotonic()
+                        self.last_created_at = answered_at
+                        self.latencies.append((sent_at, answered_at - sent_at))
                 else:
                     self._count(response.status_code, response.text[:300])
         finally:
@@ -592,6 +597,13 @@ class JobTraffic:
             self.statuses[status] += 1
             if len(self.failures) < 50:
                 self.failures.append(f"{status}: {text}")
+
+    def latency_p95(self, since: float, until: float) -> float:
+        """p95 seconds of the requests sent between two monotonic times."""
+        with self._lock:
+            took = sorted(t for at, t in self.latencies if since <= at < until)
+        assert took, "no request answered in that time"
+        return took[min(len(took) - 1, int(len(took) * 0.95))]
 
     def pause(self) -> None:
         self._paused.set()
@@ -661,6 +673,11 @@ class LagProbe:
     @property
     def worst(self) -> float:
         return max(self.samples, default=0.0)
+
+    @property
+    def p95(self) -> float:
+        ordered = sorted(self.samples)
+        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] if ordered else 0.0
 
 
 # -- what reaches the broker -----------------------------------------------------------------

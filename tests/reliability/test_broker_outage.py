@@ -1,4 +1,4 @@
-"""Scenarios 2 and 3: the broker, then Redis, go away while jobs are being created.
+"""Scenarios 2 and 3: the broker, then Redis, go away (or Redis hangs) while jobs are created.
 
 Both on private instances (a RabbitMQ node, a redis-server of the test's own); the API,
 the relay and the database are the real ones. No request may fail; nothing is lost; the
@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import requests
 
 from tests.reliability.support import (
     BrokerAudit,
@@ -183,3 +184,80 @@ def test_redis_stopped_costs_no_request_and_delivery_falls_back_to_the_sweep(
     assert during.worst <= sweep + 2.0
     # ... and once Redis is back the relay listens to it again.
     assert "Redis reachable again" in log
+
+
+@pytest.mark.timeout(scaled(240, 600))
+def test_redis_frozen_costs_a_write_no_more_than_redis_dead_and_readiness_stays_200(
+    scenario_database, private_redis, make_stack, figures
+):
+    """SIGSTOP, not a stop: every call to Redis waits out its timeout. Each API process pays
+    that once (the hold-off), the relay's wait stays within its sweep, readiness is 200."""
+    sweep = 1.0
+    phase = scaled(8, 60)
+    stack = make_stack(database_url=scenario_database, redis_url=private_redis.url)
+    seeded = seed(stack)
+    stack.api(workers=3)
+    stack.relay(RELAY_SWEEP_INTERVAL=str(sweep))
+    stack.wait_for_relay()
+    audit = BrokerAudit(stack.rabbitmq_url, job_queues(stack, seeded.automation_id)).start()
+    traffic = JobTraffic(stack.api_url, seeded, threads=4, rate=RATE)
+    readiness: list[tuple[int, dict]] = []
+    try:
+        traffic.start()
+        before_at = time.monotonic()
+        with LagProbe(stack) as before:
+            time.sleep(phase)
+        frozen_at = time.monotonic()
+        private_redis.freeze()
+        with LagProbe(stack) as during:
+            time.sleep(phase / 2)
+            answer = requests.get(f"{stack.api_url}/health/ready", timeout=15)
+            readiness.append((answer.status_code, answer.json()))
+            time.sleep(phase / 2)
+        thawed_at = time.monotonic()
+        private_redis.thaw()
+        back = stack.database.now()
+        recovery = drained_since(stack, back)
+        traffic.stop()
+        expected = stack.database.job_created_run_ids()
+        audit.wait_for(
+            expected, timeout=60, what=f"every JobCreated on the broker\n{stack.log_tail()}"
+        )
+    finally:
+        private_redis.thaw()
+        traffic.stop()
+        audit.stop()
+        stack.close()
+        delete_broker_names(
+            stack.rabbitmq_url, stack, ["critical", f"automation-{seeded.automation_id}"]
+        )
+
+    lost = expected - audit.seen
+    post_before = traffic.latency_p95(before_at, frozen_at)
+    post_frozen = traffic.latency_p95(frozen_at, thawed_at)
+    figures(
+        Figures(
+            "3b Redis frozen",
+            sent=len(expected),
+            delivered=len(expected & audit.seen),
+            duplicates=audit.duplicates(),
+            lost=len(lost),
+            recovery_seconds=recovery,
+            extra={
+                "requests": traffic.sent,
+                "post_p95_before_s": post_before,
+                "post_p95_frozen_s": post_frozen,
+                "lag_p95_frozen_s": during.p95,
+                "lag_max_frozen_s": during.worst,
+                "lag_max_before_s": before.worst,
+                "sweep_s": sweep,
+                "ready": readiness[0][0] if readiness else None,
+            },
+        )
+    )
+    assert traffic.statuses == {201: traffic.sent}, traffic.failures[:5]
+    assert not lost
+    # Three API processes pay one 0.5-s timeout each: not the p95 (it was every request's).
+    assert post_frozen < post_before + 0.25, (post_before, post_frozen)
+    assert during.p95 <= sweep + 1.0, during.samples
+    assert readiness == [(200, readiness[0][1])] and readiness[0][1]["degraded"] == ["redis"]
