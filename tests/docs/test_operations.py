@@ -40,7 +40,7 @@ METRICS_MODULES = [
     *sorted(
         ".".join(path.relative_to(ROOT).with_suffix("").parts)
         for path in ROOT.glob("*/metrics.py")
-        if (path.parent / "apps.py").exists() or path.parent.name == "common"
+        if (path.parent / "__init__.py").exists()
     ),
     "job.monitor_metrics",
 ]
