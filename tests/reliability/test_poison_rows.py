@@ -201,9 +201,6 @@ def test_a_poison_row_backs_off_alone_and_the_good_rows_around_it_go_on(
     }
     if broker == "rabbitmq":
         audit = BrokerAudit(handle.url, lambda: [f"{prefix}default"]).start()
-        connection = pika.BlockingConnection(pika.URLParameters(handle.url))
-        connection.channel().queue_delete(f"{prefix}bulk")
-        connection.close()
         # The maintenance queue already holds the hourly purge: over a length limit of
         # zero, with reject-publish overflow, the broker nacks every further message.
         handle.ctl(
@@ -248,6 +245,13 @@ def test_a_poison_row_backs_off_alone_and_the_good_rows_around_it_go_on(
         )
         clean_wave = max(audit.arrival(r) for r in clean) - committed_clean
 
+        if broker == "rabbitmq":
+            # The queue is deleted now, with the relay's connection just used: a connection
+            # the relay replaces (one idle past half its heartbeat, after a slow set-up)
+            # declares its destinations again, and would bring the queue back.
+            connection = pika.BlockingConnection(pika.URLParameters(handle.url))
+            connection.channel().queue_delete(f"{prefix}bulk")
+            connection.close()
         run_ids = insert_wave(db, tenant_id, layout)
         committed = time.monotonic()
         wake(stack)
