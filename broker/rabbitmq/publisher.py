@@ -45,7 +45,12 @@ from broker.base import (
     TransportUnavailable,
 )
 from broker.metrics import PUBLISHING_BLOCKED
-from broker.rabbitmq.connection import ANSWER_TIMEOUT, CONNECT_TIMEOUT, connection_parameters
+from broker.rabbitmq.connection import (
+    ANSWER_TIMEOUT,
+    CONNECT_TIMEOUT,
+    connection_parameters,
+    node_failed,
+)
 from broker.rabbitmq.topology import TopologyError, declarations, exchange_declaration
 from broker.topology import QUEUES
 
@@ -250,6 +255,7 @@ class _Connection:
         self._channel_error: str | None = None
         # Since when the broker blocks this connection (a memory or disk alarm), or None.
         self.blocked_since: float | None = None
+        self.unblocked_at: float | None = None
         # Flow control is not an outage: pika must not close a blocked connection (its
         # confirms are on their way once the alarm clears, and a new connection would
         # publish the same messages again).
@@ -289,6 +295,11 @@ class _Connection:
                 # alarm clears. The wait goes on, each round as long as the first.
                 deadline = time.monotonic() + timeout
                 remaining = timeout
+            elif remaining <= 0 and self.unblocked_at is not None:
+                # Unblocked meanwhile: the whole wait again from then, for the backlog the
+                # broker now works through.
+                deadline = max(deadline, self.unblocked_at + timeout)
+                remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.error = f"RabbitMQ did not answer within {timeout:g} s"
                 raise TransportUnavailable(self.error)
@@ -326,6 +337,7 @@ class _Connection:
 
     def _on_unblocked(self, _connection, _frame) -> None:
         since, self.blocked_since = self.blocked_since, None
+        self.unblocked_at = time.monotonic()
         PUBLISHING_BLOCKED.set(0)
         held = time.monotonic() - since if since is not None else 0.0
         logger.info("RabbitMQ unblocked this connection after %.1f s: publishing again", held)
@@ -513,14 +525,20 @@ class RabbitMQTransport(Transport):
             return self._conn
         if self._conn is not None and (self._conn.error or not self._conn.connection.is_open):
             logger.warning("RabbitMQ connection lost (%s); reconnecting", self._conn.error)
+            node_failed(self._conn.connection.params)
         elif self._conn is not None:
             # Silent for longer than half its heartbeat: replaced before use, as planned.
             logger.debug("replacing a RabbitMQ connection idle past its heartbeat")
         self.close()
+        params = connection_parameters()
         try:
-            self._conn = _Connection(connection_parameters())
+            self._conn = _Connection(params)
         except pika.exceptions.AMQPError as exc:
+            node_failed(params)
             raise TransportUnavailable(f"cannot connect to RabbitMQ: {exc!r}") from exc
+        except TransportUnavailable:
+            node_failed(params)
+            raise
         self._declared = set()
         method, kwargs = exchange_declaration()
         self._declare(method, kwargs)
