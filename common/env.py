@@ -66,12 +66,18 @@ class Env:
 
     def url(self, var: str, default: str, *, schemes: Sequence[str]) -> str:
         value = self.str(var, default)
-        scheme = value.split("://", 1)[0] if "://" in value else ""
-        if scheme not in schemes:
-            raise ImproperlyConfigured(
-                f"{var}={value!r} is not a valid URL: expected a scheme among {', '.join(schemes)}"
-            )
+        _check_scheme(var, value, schemes)
         return value
+
+    def urls(self, var: str, default: str, *, schemes: Sequence[str]) -> str:
+        """One URL or several, comma-separated (each checked); the value as given."""
+        value = self.str(var, default)
+        parts = [part.strip() for part in value.split(",")]
+        if not all(parts):
+            raise ImproperlyConfigured(f"{var}={value!r} has an empty URL in its list")
+        for part in parts:
+            _check_scheme(var, part, schemes)
+        return ",".join(parts)
 
     def db(self, var: str, default: str) -> dict[str, Any]:
         self.url(var, default, schemes=("postgres", "postgresql", "pgsql"))
@@ -79,3 +85,11 @@ class Env:
 
 
 _BOOLEAN_WORDS = {"true", "false", "1", "0", "yes", "no", "on", "off", "y", "n", "t", "f"}
+
+
+def _check_scheme(var: str, value: str, schemes: Sequence[str]) -> None:
+    scheme = value.split("://", 1)[0] if "://" in value else ""
+    if scheme not in schemes:
+        raise ImproperlyConfigured(
+            f"{var}={value!r} is not a valid URL: expected a scheme among {', '.join(schemes)}"
+        )

@@ -63,12 +63,14 @@ def check_broker(timeout: float) -> None:
     if settings.BROKER == "rabbitmq":
         import pika
 
-        from broker.rabbitmq.connection import connection_parameters
+        from broker.rabbitmq.connection import every_node_parameters
 
-        params = connection_parameters()
-        params.socket_timeout = params.stack_timeout = timeout
-        params.blocked_connection_timeout = timeout
-        pika.BlockingConnection(params).close()
+        # Ready while one node of the list answers (a cluster that lost one is still up).
+        nodes = every_node_parameters()
+        for params in nodes:
+            params.socket_timeout = params.stack_timeout = timeout
+            params.blocked_connection_timeout = timeout
+        pika.BlockingConnection(nodes).close()
     else:
         from broker.sqs.publisher import sqs_client
 

@@ -167,7 +167,9 @@ CACHES = {
 BROKER = env.choice("BROKER", ("rabbitmq", "sqs"), default="rabbitmq")
 # setup_broker (run by `make run` first) waits this long for a broker still starting.
 BROKER_WAIT_SECONDS = env.float("BROKER_WAIT_SECONDS", default=60.0, minimum=0)
-RABBITMQ_URL = env.url(
+# One node, or a cluster's nodes comma-separated in the order to try: a connection lost or
+# refused moves this process on to the next node (broker/rabbitmq/connection.py).
+RABBITMQ_URL = env.urls(
     "RABBITMQ_URL", default="amqp://guest:guest@127.0.0.1:5672/%2F", schemes=("amqp", "amqps")
 )
 RABBITMQ_EXCHANGE = env.str("RABBITMQ_EXCHANGE", default="dom_med")

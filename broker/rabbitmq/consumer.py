@@ -38,7 +38,7 @@ from broker.consume import (
     Delivery,
     FailureContext,
 )
-from broker.rabbitmq.connection import connection_parameters
+from broker.rabbitmq.connection import every_node_parameters
 from broker.rabbitmq.publisher import republished_properties
 from broker.rabbitmq.topology import declarations, exchange_declaration
 
@@ -70,11 +70,13 @@ class RabbitMQConsumer(Consumer):
     # -- connection ------------------------------------------------------------------------
 
     def start(self, destinations: Sequence[str], prefetch: int) -> None:
-        params = connection_parameters(self._url)
-        if settings.WORKER_RABBITMQ_HEARTBEAT:
-            params.heartbeat = settings.WORKER_RABBITMQ_HEARTBEAT
+        # Every node of the list, the current one first: pika tries each in turn.
+        nodes = every_node_parameters(self._url)
+        for params in nodes:
+            if settings.WORKER_RABBITMQ_HEARTBEAT:
+                params.heartbeat = settings.WORKER_RABBITMQ_HEARTBEAT
         try:
-            self._connection = pika.BlockingConnection(params)
+            self._connection = pika.BlockingConnection(nodes)
             self._io_thread = threading.get_ident()
             self._generation += 1
             self._unacked = set()

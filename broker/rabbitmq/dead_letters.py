@@ -13,7 +13,7 @@ from broker.consume import (
     DeadLetter,
     DeadLetterBox,
 )
-from broker.rabbitmq.connection import connection_parameters
+from broker.rabbitmq.connection import every_node_parameters
 from broker.rabbitmq.publisher import republished_properties
 
 
@@ -30,7 +30,7 @@ class RabbitMQDeadLetterBox(DeadLetterBox):
     when the channel closes."""
 
     def __init__(self, url: str | None = None) -> None:
-        self._connection = pika.BlockingConnection(connection_parameters(url))
+        self._connection = pika.BlockingConnection(every_node_parameters(url))
 
     def _take(self, channel, destination: str, limit: int):
         taken = []

@@ -80,5 +80,5 @@ def broker_address() -> str:
     """Where the broker is expected, without credentials."""
     if settings.BROKER == "sqs":
         return f"SQS at {settings.SQS_ENDPOINT_URL or 'AWS ' + settings.AWS_REGION}"
-    url = urlsplit(settings.RABBITMQ_URL)
-    return f"RabbitMQ at {url.hostname}:{url.port or 5672}"
+    nodes = [urlsplit(node) for node in settings.RABBITMQ_URL.split(",")]
+    return "RabbitMQ at " + ", ".join(f"{url.hostname}:{url.port or 5672}" for url in nodes)
