@@ -14,6 +14,7 @@ outage's length; the callers never wait for the probe.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 
 import redis
@@ -29,10 +30,6 @@ class HoldOff:
         self._failed = False
         self._prober: threading.Thread | None = None
         self._ended = threading.Event()
-
-    @property
-    def holding(self) -> bool:
-        return self._failed
 
     def admits(self) -> bool:
         """Whether to call Redis now."""
@@ -99,3 +96,14 @@ def forget() -> None:
         _hold_offs.clear()
     for hold_off in hold_offs:
         hold_off.end()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (gunicorn's workers, a test's process) inherits the hold-offs but not
+    # the threads that probe for their end: it starts with none, and finds out for itself.
+    global _hold_offs_lock
+    _hold_offs_lock = threading.Lock()
+    _hold_offs.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -8,6 +8,7 @@ readiness answers 200 with Redis named as degraded.
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 
 import pytest
@@ -16,12 +17,14 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from common import health
+from common.accelerator import redis_hold_off
 from common.heartbeats import heartbeat_record
 from outbox.wake import signal_relay
 from relay.management.commands.run_relay import Command as RelayCommand
 from tests.factories import UserFactory
 from tests.identity.support import login
 from tests.polling import wait_until
+from tests.ports import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -111,3 +114,18 @@ def test_a_daemons_heartbeat_record_pays_the_hung_cache_once(frozen_redis):
     assert first >= TIMEOUT * 0.8
     _, rest = timed(lambda: [heartbeat_record("relay", time.time()) for _ in range(20)])
     assert rest < 0.2, rest
+
+
+def test_a_forked_child_does_not_inherit_a_hold_off_it_has_no_probe_for(settings):
+    # Redis refusing: the parent holds it off, and its probe thread stays in the parent.
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    assert signal_relay() is False
+    assert redis_hold_off().admits() is False
+
+    context = multiprocessing.get_context("fork")
+    answer = context.Queue()
+    child = context.Process(target=lambda: answer.put(redis_hold_off().admits()))
+    child.start()
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    assert answer.get(timeout=5) is True
