@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import pwd
 import shutil
@@ -216,8 +217,17 @@ class PrivateRabbitMQ:
     (``{"max_message_size": "65536"}``). ``rabbitmqctl -n <node>`` drives it (the node and
     the CLI share root's Erlang cookie)."""
 
-    def __init__(self, base_dir: str | Path, *, config: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        base_dir: str | Path,
+        *,
+        config: dict[str, str] | None = None,
+        home: Path | None = None,
+    ) -> None:
         self.dir = Path(base_dir) / f"rabbitmq-{uuid.uuid4().hex[:8]}"
+        # Where the Erlang cookie is read (``$HOME/.erlang.cookie``): root's by default, a
+        # cluster's own for the nodes of a ``PrivateRabbitMQCluster``.
+        self.home = str(home) if home else os.environ.get("HOME", "/root")
         self.dir.mkdir(parents=True)
         self.node = f"hdtest{uuid.uuid4().hex[:10]}@localhost"
         self.port = free_port()
@@ -239,7 +249,7 @@ class PrivateRabbitMQ:
     def _environment(self) -> dict[str, str]:
         return {
             **os.environ,
-            "HOME": os.environ.get("HOME", "/root"),
+            "HOME": self.home,
             "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_IP_ADDRESS": HOST,
             "RABBITMQ_NODE_PORT": str(self.port),
@@ -316,6 +326,14 @@ class PrivateRabbitMQ:
             self.ctl("stop", timeout=60)
         self._kill()
 
+    def kill(self) -> None:
+        """SIGKILL, no goodbye: the node's connections and cluster links just break."""
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait(30)
+        self._kill()
+
     def _kill(self) -> None:
         _kill_group(self._process)
         self._process = None
@@ -339,6 +357,107 @@ class PrivateRabbitMQ:
     def close(self) -> None:
         _ALIVE.discard(self)
         self.stop()
+
+
+class PrivateRabbitMQCluster:
+    """Private RabbitMQ nodes joined in one cluster (three by default), with an Erlang
+    cookie of the cluster's own: the nodes and the CLI read it from a home folder of theirs.
+
+    ``url`` lists every node's AMQP URL, comma-separated, as ``RABBITMQ_URL`` takes a
+    cluster; ``url_from(i)`` the same list starting at node ``i``. A node killed or stopped
+    comes back with ``nodes[i].start()``, still a member.
+    """
+
+    def __init__(self, base_dir: str | Path, size: int = 3) -> None:
+        self.dir = Path(base_dir)
+        home = self.dir / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        cookie = home / ".erlang.cookie"
+        cookie.write_text(uuid.uuid4().hex.upper())
+        cookie.chmod(0o400)
+        self.nodes = [PrivateRabbitMQ(self.dir, home=home) for _ in range(size)]
+        self._joined = False
+        _ALIVE.add(self)
+
+    @property
+    def url(self) -> str:
+        return self.url_from(0)
+
+    def url_from(self, first: int) -> str:
+        order = self.nodes[first:] + self.nodes[:first]
+        return ",".join(node.url for node in order)
+
+    def start(self) -> None:
+        """Every node running and, the first time, nodes 2.. joined to node 1."""
+        for node in self.nodes:
+            node.start()
+        if not self._joined:
+            seed, *others = self.nodes
+            for node in others:
+                node.ctl("stop_app")
+                node.ctl("join_cluster", seed.node)
+                node.ctl("start_app")
+                wait_until(node._accepts, timeout=60, message=f"{node.node} accepting AMQP")
+            self._joined = True
+        self.wait_until_all_running()
+
+    def running_nodes(self, asked: PrivateRabbitMQ | None = None) -> set[str]:
+        """The members a running node sees running (``rabbitmqctl cluster_status``)."""
+        asked = asked or next(node for node in self.nodes if node.running)
+        status = json.loads(asked.ctl("cluster_status", "--formatter", "json").stdout)
+        return set(status["running_nodes"])
+
+    def wait_until_all_running(self, timeout: float = 120) -> None:
+        names = {node.node for node in self.nodes}
+        wait_until(
+            lambda: all(self.running_nodes(node) == names for node in self.nodes),
+            timeout=timeout,
+            message=f"every node of {sorted(names)} running in the cluster",
+        )
+
+    def queue_members(self, prefix: str = "") -> dict[str, tuple[set[str], set[str]]]:
+        """Per quorum queue (whose name starts with ``prefix``): its members and those
+        online."""
+        asked = next(node for node in self.nodes if node.running)
+        rows = json.loads(
+            asked.ctl(
+                "list_queues", "name", "type", "members", "online", "--formatter", "json"
+            ).stdout
+        )
+        return {
+            row["name"]: (set(row["members"]), set(row["online"]))
+            for row in rows
+            if row["type"] == "quorum" and row["name"].startswith(prefix)
+        }
+
+    def queue_depths(self, prefix: str = "") -> dict[str, dict[str, object]]:
+        """Per queue of ``prefix``: messages ready, unacknowledged, consumers, leader."""
+        asked = next(node for node in self.nodes if node.running)
+        rows = json.loads(
+            asked.ctl(
+                "list_queues", "name", "messages_ready", "messages_unacknowledged",
+                "consumers", "leader", "--formatter", "json",
+            ).stdout
+        )  # fmt: skip
+        return {row.pop("name"): row for row in rows if row["name"].startswith(prefix)}
+
+    def wait_until_queues_whole(self, prefix: str, timeout: float = 120) -> None:
+        """Every quorum queue of ``prefix`` with every node among its members, all online:
+        safe to take the next node away."""
+        names = {node.node for node in self.nodes}
+        wait_until(
+            lambda: all(
+                members == online == names
+                for members, online in self.queue_members(prefix).values()
+            ),
+            timeout=timeout,
+            message=f"the quorum queues {prefix}* on every node, all online",
+        )
+
+    def close(self) -> None:
+        _ALIVE.discard(self)
+        for node in self.nodes:
+            node.close()
 
 
 class PrivateRedis:

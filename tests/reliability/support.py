@@ -183,10 +183,13 @@ class Database:
             )
         )
 
-    def job_created_run_ids(self) -> set[str]:
-        """The run ids of every message ``JobCreated`` caused (one per subscriber)."""
+    def job_created_run_ids(self, *, but: str = "") -> set[str]:
+        """The run ids of every message ``JobCreated`` caused (one per subscriber), except
+        those of the task ``but``."""
         rows = self.rows(
-            "SELECT run_id::text FROM outbox_messages WHERE envelope->>'event' = 'JobCreated'"
+            "SELECT run_id::text FROM outbox_messages"
+            " WHERE envelope->>'event' = 'JobCreated' AND envelope->>'task' <> %s",
+            [but],
         )
         return {run_id for (run_id,) in rows}
 
@@ -233,10 +236,11 @@ CATALOG_TASK = {
 }
 
 
-def reliability_catalog(directory: Path) -> Path:
-    """tasks.json plus the reliability tests' own task."""
+def reliability_catalog(directory: Path, subscribes: Iterable[str] = ()) -> Path:
+    """tasks.json plus the reliability tests' own task (subscribed to ``subscribes``: a run
+    of it for each such event)."""
     catalog = json.loads((ROOT / "tasks.json").read_text())
-    catalog["tasks"].append(CATALOG_TASK)
+    catalog["tasks"].append({**CATALOG_TASK, "subscribes": list(subscribes)})
     path = directory / "tasks.json"
     path.write_text(json.dumps(catalog))
     return path
@@ -252,6 +256,7 @@ class Stack:
         database_url: str,
         rabbitmq_url: str | None = None,
         redis_url: str | None = None,
+        effect_subscribes: Iterable[str] = (),
         **extra: object,
     ) -> None:
         self.directory = directory
@@ -266,7 +271,7 @@ class Stack:
         self.env: dict[str, str] = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "tests.reliability.settings",
-            "TASKS_CATALOG": str(reliability_catalog(directory)),
+            "TASKS_CATALOG": str(reliability_catalog(directory, effect_subscribes)),
             "DATABASE_URL": database_url,
             "BROKER": "rabbitmq",
             "QUEUE_PREFIX": self.queue_prefix,
@@ -686,7 +691,8 @@ class LagProbe:
 class BrokerAudit:
     """A consumer of the scenario's queues that counts every message by its run id.
 
-    It reconnects by itself (the broker may be the thing being broken), counts a message
+    It reconnects by itself (the broker may be the thing being broken; ``url`` may list a
+    cluster's nodes, comma-separated, tried in that order), counts a message
     the broker delivers again after a lost ack (``redelivered``) apart from a second copy
     the relay published, and acks in small batches.
     """
@@ -696,6 +702,7 @@ class BrokerAudit:
         self.queues = queues
         self.copies: collections.Counter = collections.Counter()
         self.redelivered = 0
+        self.cancellations = 0
         self.arrivals: list[float] = []
         self._first_arrival: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -741,10 +748,11 @@ class BrokerAudit:
                 self._stop.wait(0.3)
 
     def _consume(self) -> None:
-        params = pika.URLParameters(self.url)
-        params.connection_attempts = 1
-        params.socket_timeout = 2
-        connection = pika.BlockingConnection(params)
+        nodes = [pika.URLParameters(node) for node in self.url.split(",")]
+        for params in nodes:
+            params.connection_attempts = 1
+            params.socket_timeout = 2
+        connection = pika.BlockingConnection(nodes)
         try:
             channel = connection.channel()
             channel.basic_qos(prefetch_count=500)
@@ -752,11 +760,15 @@ class BrokerAudit:
             for queue in queues:
                 # Passive: the relay declares them; until it has, try again.
                 channel.queue_declare(queue, passive=True)
+            cancelled: list[object] = []
+            # The broker may cancel a consumer (its queue's leader moved): consume again.
+            channel.add_on_cancel_callback(cancelled.append)
             for queue in queues:
                 channel.basic_consume(queue, self._on_message)
             self.connected.set()
-            while not self._stop.is_set():
+            while not self._stop.is_set() and not cancelled:
                 connection.process_data_events(time_limit=0.2)
+            self.cancellations += len(cancelled)
         finally:
             self.connected.clear()
             with contextlib.suppress(Exception):
