@@ -137,6 +137,9 @@ class _Publisher:
         self.result = SendResult()
         # Why the broker closed the channel (reply code, text), if it did.
         self.closed: tuple[int, str] | None = None
+        # The broker nacked a message on this channel (see ``retire``).
+        self.nacked = False
+        self.retired: Any = None
         self.open()
 
     def open(self) -> None:
@@ -144,6 +147,7 @@ class _Publisher:
         self.tag = 0
         self.outstanding = {}
         self.closed = None
+        self.nacked = False
         self.channel = self.conn.open_channel(on_close=self._on_close)
         confirmed: list[Any] = []
         self.channel.confirm_delivery(
@@ -155,6 +159,18 @@ class _Publisher:
     @property
     def is_open(self) -> bool:
         return self.channel.is_open
+
+    def retire(self) -> None:
+        """Close the channel: the next batch opens another.
+
+        A quorum queue whose leader was lost nacks what is published to it until a new
+        leader is elected, and a channel that published into it meanwhile goes on being
+        nacked long after (RabbitMQ 3.10: over a minute, where a new channel is acked at
+        once). So a channel that was nacked is not used again.
+        """
+        self.retired = self.channel
+        with contextlib.suppress(pika.exceptions.AMQPError):
+            self.channel.close()
 
     def answered(self) -> bool:
         return not self.outstanding or self.closed is not None
@@ -204,7 +220,9 @@ class _Publisher:
         answered = set(self.result.sent) | set(self.result.rejected)
         return self.closed, [m for m in messages if m.key not in answered]
 
-    def _on_close(self, _channel, reason: BaseException) -> None:
+    def _on_close(self, channel, reason: BaseException) -> None:
+        if channel is self.retired:
+            return  # closed by us, nothing lost with it
         # The outstanding confirms are lost with it; ``publish`` sorts out why.
         self.closed = (
             getattr(reason, "reply_code", 0),
@@ -236,6 +254,7 @@ class _Publisher:
                 result.sent.append(message.key)
             else:
                 result.rejected[message.key] = reason or "nacked by RabbitMQ"
+                self.nacked = self.nacked or reason is None
         if not outstanding:
             self.conn.wake()
 
@@ -465,6 +484,8 @@ class _Connection:
                 raise TransportUnavailable(
                     f"RabbitMQ closed the publishing channel: ({code}) {text}"
                 )
+        if publisher.nacked:
+            publisher.retire()
 
 
 class _InFlight(PendingSend):
