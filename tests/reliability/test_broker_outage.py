@@ -261,3 +261,79 @@ def test_redis_frozen_costs_a_write_no_more_than_redis_dead_and_readiness_stays_
     assert post_frozen < post_before + 0.25, (post_before, post_frozen)
     assert during.p95 <= sweep + 1.0, during.samples
     assert readiness == [(200, readiness[0][1])] and readiness[0][1]["degraded"] == ["redis"]
+
+
+@pytest.mark.timeout(scaled(240, 600))
+def test_a_memory_alarm_under_load_holds_the_relay_and_costs_no_copy(
+    scenario_database, running_private_rabbitmq, make_stack, figures
+):
+    """RabbitMQ's memory alarm blocks the relay's publishing connection for ALARM seconds
+    while jobs keep coming: flow control, not an outage. The connection is held (no
+    reconnect, nothing published twice) and the backlog is out within seconds of the end."""
+    rabbit = running_private_rabbitmq
+    alarm = scaled(10, 120)
+    stack = make_stack(database_url=scenario_database, rabbitmq_url=rabbit.url)
+    seeded = seed(stack)
+    stack.api(workers=3)
+    stack.relay()
+    stack.wait_for_relay()
+    audit = BrokerAudit(rabbit.url, job_queues(stack, seeded.automation_id)).start()
+    traffic = JobTraffic(stack.api_url, seeded, threads=4, rate=RATE)
+    try:
+        traffic.start()
+        wait_for(lambda: traffic.created >= 2 * RATE, timeout=60, what="traffic")
+        raised_at = time.monotonic()
+        rabbit.ctl("set_vm_memory_high_watermark", "0.000001")
+        try:
+            wait_for(
+                lambda: "RabbitMQ blocked this connection" in stack.log_tail("relay"),
+                timeout=60,
+                what=f"the relay's connection blocked\n{stack.log_tail('relay')}",
+            )
+            pending_blocked = stack.database.pending_rows()
+            time.sleep(max(0.0, alarm - (time.monotonic() - raised_at)))
+            pending_at_end = stack.database.pending_rows()
+        finally:
+            rabbit.ctl("set_vm_memory_high_watermark", "0.4")
+        held = time.monotonic() - raised_at
+        back = stack.database.now()
+        recovery = drained_since(stack, back)
+        time.sleep(1)
+        traffic.stop()
+        expected = stack.database.job_created_run_ids()
+        audit.wait_for(
+            expected, timeout=60, what=f"every JobCreated on the broker\n{stack.log_tail()}"
+        )
+        log = (stack.logs / "relay.log").read_text()
+    finally:
+        traffic.stop()
+        audit.stop()
+        stack.close()
+        rabbit.ctl("set_vm_memory_high_watermark", "0.4")
+
+    lost = expected - audit.seen
+    figures(
+        Figures(
+            "2b broker memory alarm",
+            sent=len(expected),
+            delivered=len(expected & audit.seen),
+            duplicates=audit.duplicates(),
+            lost=len(lost),
+            recovery_seconds=recovery,
+            extra={
+                "requests": traffic.sent,
+                "alarm_s": held,
+                "pending_when_blocked": pending_blocked,
+                "pending_at_alarm_end": pending_at_end,
+            },
+        )
+    )
+    assert traffic.statuses == {201: traffic.sent}, traffic.failures[:5]
+    assert not lost
+    # Held, not replaced: no reconnect, nothing sent twice.
+    assert "reconnecting" not in log and "broker unreachable" not in log, log[-3000:]
+    assert audit.duplicates() == 0
+    assert "RabbitMQ unblocked this connection" in log
+    # The traffic went on while blocked: a backlog built up, and it went out at once.
+    assert pending_at_end > pending_blocked
+    assert recovery <= 5.0
