@@ -317,13 +317,18 @@ def test_without_redis_the_relay_sweeps_and_it_returns_to_the_signal_when_redis_
     relay = daemons(relay_environment(settings, redis=private_redis, RELAY_SWEEP_INTERVAL=sweep))
     assert first_message(rabbit) is not None
 
-    # Idle when Redis goes: the sweep delivers.
+    # Idle when Redis goes: the sweep delivers. The relay finds Redis gone when its drain
+    # (it may still be on the first one) ends and it waits for the signal again.
     private_redis.stop()
+    wait_until(
+        lambda: "Redis unreachable" in relay.log,
+        timeout=sweep * 2,
+        message="the relay to find Redis gone",
+    )
     with transaction.atomic():
         idle_row = dispatch("maintenance.purge", {"redis": "down, idle"})
     received = rabbit.take_run("maintenance", idle_row, timeout=sweep * 3)
     assert received is not None
-    assert "Redis unreachable" in relay.log
 
     # Draining when Redis is away: the backlog goes, without a signal.
     with transaction.atomic():
