@@ -283,6 +283,12 @@ def test_a_poison_row_backs_off_alone_and_the_good_rows_around_it_go_on(
             for run_id, (_kind, table) in zip(poison_ids, kinds, strict=True)
         }
         log = (stack.logs / "relay.log").read_text(errors="replace")
+        # A connection the relay opened meanwhile (one lost, or idle past half its
+        # heartbeat on a loaded machine) declares its destinations again: the queue is back,
+        # and the row whose queue was gone rightly goes to it.
+        queue_back = broker == "rabbitmq" and f"{prefix}bulk" in (
+            handle.ctl("list_queues", "name", "--no-table-headers").stdout.split()
+        )
     finally:
         audit.stop()
         stack.close()
@@ -303,6 +309,7 @@ def test_a_poison_row_backs_off_alone_and_the_good_rows_around_it_go_on(
                 "good_second_wave_s": second_wave,
                 "clean_wave_s": clean_wave,
                 "too_big_refusal_s": refusal_cost,
+                "deleted_queue_declared_again": queue_back,
             },
         )
     )
@@ -316,7 +323,9 @@ def test_a_poison_row_backs_off_alone_and_the_good_rows_around_it_go_on(
     assert first_wave <= GOOD_WITHIN + clean_wave + 2 * refusal_cost
     assert second_wave <= GOOD_WITHIN + clean_wave + 2 * refusal_cost
     for (kind, table), (sent, attempts, backed_off) in zip(kinds, states.values(), strict=True):
-        assert not sent, f"{kind} in {table} was sent"
+        if kind == "queue gone" and queue_back:
+            continue
+        assert not sent, f"{kind} in {table} was sent\n{log[-3000:]}"
         # Refused and pushed back: a few tries in these seconds (1 s doubling), not one
         # per sweep.
         assert 1 <= attempts <= 4, (kind, table, attempts, backed_off)
