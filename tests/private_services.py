@@ -88,7 +88,9 @@ class PrivatePostgres:
 
     user = "postgres"
 
-    def __init__(self, base_dir: str | Path | None = None) -> None:
+    def __init__(
+        self, base_dir: str | Path | None = None, *, settings: dict[str, str] | None = None
+    ) -> None:
         if POSTGRES_BIN is None:
             raise RuntimeError("PostgreSQL server binaries not found under /usr/lib/postgresql")
         # Not pytest's tmp_path: the postgres user cannot traverse root's private folders.
@@ -98,6 +100,8 @@ class PrivatePostgres:
         self.port = free_port()
         owner = pwd.getpwnam(self.user)
         os.chown(self.dir, owner.pw_uid, owner.pw_gid)
+        # Lines for postgresql.conf over the defaults below (``{"synchronous_commit": "on"}``).
+        self.settings = settings or {}
         self._initialized = False
         _ALIVE.add(self)
 
@@ -127,10 +131,15 @@ class PrivatePostgres:
             "full_page_writes": "off",
             "max_connections": "100",
             "shared_buffers": "32MB",
+            **self.settings,
         }
+        self._configure(settings)
+        self._initialized = True
+
+    def _configure(self, settings: dict[str, str]) -> None:
+        # Appended: a later line wins over an earlier one of the same name.
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.writelines(f"{name} = {value}\n" for name, value in settings.items())
-        self._initialized = True
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgres://{self.user}@{HOST}:{self.port}/{dbname}"
@@ -157,6 +166,25 @@ class PrivatePostgres:
         """``pg_ctl stop -m MODE``: smart, fast or immediate."""
         if self.running:
             self._pg_ctl("-w", "-t", "60", "-m", mode, "stop")
+
+    def kill(self) -> None:
+        """SIGKILL to the postmaster and every process it started: a crash, nothing
+        flushed, nothing said to the clients, whose connections just break."""
+        pid_file = self.data / "postmaster.pid"
+        with contextlib.suppress(FileNotFoundError, ValueError, IndexError):
+            postmaster = int(pid_file.read_text().splitlines()[0])
+            for pid in [postmaster, *_children(postmaster)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            wait_until(
+                lambda: (
+                    not Path(f"/proc/{postmaster}").exists()
+                    or "zombie" in Path(f"/proc/{postmaster}/status").read_text()
+                ),
+                timeout=30,
+                message=f"PostgreSQL postmaster {postmaster} gone",
+            )
+        pid_file.unlink(missing_ok=True)
 
     def restart(self, mode: str = "fast") -> None:
         self._pg_ctl("-w", "-t", "60", "-m", mode, "restart")
@@ -209,6 +237,62 @@ class PrivatePostgres:
             with contextlib.suppress(Exception):
                 self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            fields = dict(
+                line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line
+            )
+            if fields.get("PPid", "").strip() == str(pid):
+                found.append(int(status.parent.name))
+    return found
+
+
+class PrivateStandby(PrivatePostgres):
+    """A streaming standby of a ``PrivatePostgres``: a base backup of it (``pg_basebackup
+    -R``, so it starts as a standby following the primary), its own port and folder, known
+    to the primary as ``name`` (its ``synchronous_standby_names``). ``promote()`` makes it
+    a primary."""
+
+    def __init__(self, primary: PrivatePostgres, name: str = "standby") -> None:
+        super().__init__()
+        self.primary = primary
+        self.name = name
+
+    def _initdb(self) -> None:
+        conninfo = (
+            f"host={HOST} port={self.primary.port} user={self.user} application_name={self.name}"
+        )
+        self._run(
+            str(POSTGRES_BIN / "pg_basebackup"), "-D", str(self.data), "-R", "-X", "stream",
+            "-c", "fast", "--no-sync", "-d", conninfo,
+            timeout=300,
+        )  # fmt: skip
+        # The primary's configuration came with the backup: this server's own address.
+        self._configure({
+            "port": str(self.port),
+            "unix_socket_directories": f"'{self.dir}'",
+            "hot_standby": "on",
+            # Once promoted it has no standby of its own to wait for.
+            "synchronous_standby_names": "''",
+        })  # fmt: skip
+        self._initialized = True
+
+    def promote(self) -> None:
+        """``pg_ctl promote``: returns once it takes writes."""
+        self._pg_ctl("-w", "-t", "60", "promote")
+
+    def streaming(self) -> str | None:
+        """How the primary sees this standby: ``sync``, ``async`` … or None."""
+        rows = self.primary.execute(
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
+            [self.name],
+        )
+        return rows[0][0] if rows else None
 
 
 class PrivateRabbitMQ:

@@ -44,7 +44,11 @@ def scaled(quick, full):
 
 
 def wait_for(
-    condition: Callable[[], object], *, timeout: float, what: str, every: float = 0.1
+    condition: Callable[[], object],
+    *,
+    timeout: float,
+    what: str | Callable[[], str],
+    every: float = 0.1,
 ) -> object:
     """``tests.polling.wait_until`` in the scenarios' words: fail naming ``what``."""
     return wait_until(condition, timeout=timeout, interval=every, message=what)
@@ -155,6 +159,29 @@ class Database:
             )
         )
 
+    def pending_summary(self, limit: int = 10) -> str:
+        """The unsent rows, a line each: what a failed wait for none of them shows."""
+        rows = self.rows(
+            """
+            SELECT table_name, queue, attempts,
+                   round(extract(epoch FROM available_at - clock_timestamp())::numeric, 1),
+                   left(envelope::text, 160)
+              FROM (SELECT 'outbox_messages' AS table_name, queue, attempts, available_at,
+                           envelope
+                      FROM outbox_messages WHERE sent_at IS NULL
+                    UNION ALL
+                    SELECT 'platform_outbox_messages', queue, attempts, available_at, envelope
+                      FROM platform_outbox_messages WHERE sent_at IS NULL) AS pending
+             ORDER BY available_at
+             LIMIT %s
+            """,
+            [limit],
+        )
+        return "\n".join(
+            f"{table} queue={queue} attempts={attempts} due_in={due}s {envelope}"
+            for table, queue, attempts, due, envelope in rows
+        )
+
     def oldest_pending_age(self) -> float:
         """Seconds the oldest due, unsent row has waited (0 when none)."""
         return float(
@@ -180,6 +207,26 @@ class Database:
                 "SELECT EXISTS (SELECT 1 FROM outbox_messages WHERE sent_at > %s)"
                 " OR EXISTS (SELECT 1 FROM platform_outbox_messages WHERE sent_at > %s)",
                 [moment, moment],
+            )
+        )
+
+    def delivered_after(self, moment: object) -> bool:
+        """The relay has sent a row committed after ``moment`` (the database's clock)."""
+        return bool(
+            self.value(
+                "SELECT EXISTS (SELECT 1 FROM outbox_messages"
+                " WHERE created_at > %s AND sent_at IS NOT NULL)",
+                [moment],
+            )
+        )
+
+    def executed_after(self, moment: object) -> bool:
+        """The worker has started a run of ``chaos.effect`` created after ``moment``."""
+        return bool(
+            self.value(
+                "SELECT EXISTS (SELECT 1 FROM reliability_executions e"
+                " JOIN task_runs r ON r.run_id = e.run_id WHERE r.created_at > %s)",
+                [moment],
             )
         )
 

@@ -71,39 +71,17 @@ def cluster_stack(make_stack, database_url: str, cluster: PrivateRabbitMQCluster
     return stack, seeded, audit.start()
 
 
-def delivered_after(stack: Stack, moment: object) -> bool:
-    """The relay has sent a row committed after ``moment`` (database clock)."""
-    return bool(
-        stack.database.value(
-            "SELECT EXISTS (SELECT 1 FROM outbox_messages"
-            " WHERE created_at > %s AND sent_at IS NOT NULL)",
-            [moment],
-        )
-    )
-
-
-def executed_after(stack: Stack, moment: object) -> bool:
-    """The worker has started a run created after ``moment``."""
-    return bool(
-        stack.database.value(
-            "SELECT EXISTS (SELECT 1 FROM reliability_executions e"
-            " JOIN task_runs r ON r.run_id = e.run_id WHERE r.created_at > %s)",
-            [moment],
-        )
-    )
-
-
 def resumed(stack: Stack, moment: object, killed_at: float) -> tuple[float, float]:
     """Seconds from the kill until the relay delivered, and the worker ran, work that came
     after it."""
     wait_for(
-        lambda: delivered_after(stack, moment),
+        lambda: stack.database.delivered_after(moment),
         timeout=90,
         what=f"the relay to deliver again\n{stack.log_tail('relay')}",
     )
     relay = time.monotonic() - killed_at
     wait_for(
-        lambda: executed_after(stack, moment),
+        lambda: stack.database.executed_after(moment),
         timeout=90,
         what=f"the worker to run again\n{stack.log_tail('worker')}",
     )
@@ -230,7 +208,7 @@ def test_a_rolling_restart_under_load_loses_nothing(
             moment, killed_at = stack.database.now(), time.monotonic()
             node.kill()
             wait_for(
-                lambda moment=moment: delivered_after(stack, moment),
+                lambda moment=moment: stack.database.delivered_after(moment),
                 timeout=90,
                 what=f"the relay to deliver again\n{stack.log_tail('relay')}",
             )
