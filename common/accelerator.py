@@ -20,6 +20,8 @@ import threading
 import redis
 from django.conf import settings
 
+from common import conditions
+
 logger = logging.getLogger("hubdommed")
 
 
@@ -40,6 +42,11 @@ class HoldOff:
         with self._lock:
             first = not self._failed
             self._failed = True
+            conditions.degraded(
+                "redis",
+                f"not answering: skipped, asked every {settings.REDIS_HOLD_OFF_SECONDS:g} s",
+                replace=False,
+            )
             if self._prober is None and not self._ended.is_set():
                 self._prober = threading.Thread(
                     target=self._probe, name="redis-hold-off", daemon=True
@@ -52,6 +59,7 @@ class HoldOff:
         self._ended.set()
         with self._lock:
             self._failed = False
+        conditions.recovered("redis")
 
     def _probe(self) -> None:
         client = redis.Redis.from_url(
@@ -68,6 +76,7 @@ class HoldOff:
                 with self._lock:
                     self._failed = False
                     self._prober = None
+                conditions.recovered("redis")
                 logger.info("Redis answers again: its callers use it again")
                 return
         finally:

@@ -13,10 +13,12 @@ each process writes its values there and ``/metrics`` adds them up. A daemon ser
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
@@ -35,7 +37,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from common import heartbeats
+from common import conditions, heartbeats
 
 logger = logging.getLogger(__name__)
 
@@ -139,11 +141,13 @@ def serve_metrics(
 
 
 class Heartbeat:
-    """A daemon's sign of life: a gauge, and a file touched for container health checks.
+    """A daemon's sign of life: a gauge, and a file rewritten for container health checks.
 
-    Call ``beat()`` at the end of each loop iteration (cheap: the file is touched at most
+    Call ``beat()`` at the end of each loop iteration (cheap: the file is written at most
     once a second). The health check of a daemon's container compares the file's age with
-    the longest a healthy iteration can take.
+    the longest a healthy iteration can take; the file holds what degrades the daemon
+    meanwhile (JSON: ``status`` ok or degraded, ``degraded`` by name, with its detail and
+    since when).
     """
 
     def __init__(self, daemon: str, liveness_file: str | None = None) -> None:
@@ -157,10 +161,26 @@ class Heartbeat:
         now = time.time()
         self._gauge.set(now)
         if self._path is not None and now - self._touched >= 1.0:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            self._path.touch()
+            self._write(now)
             self._touched = now
         if now - self._recorded >= heartbeats.RECORD_EVERY:
             # For the admin's console, which cannot see this process's gauge.
             self._recorded = now
             heartbeats.heartbeat_record(self._daemon, now)
+
+    def _write(self, now: float) -> None:
+        """The file's age is the sign of life; its content says what holds the daemon back
+        (``common.conditions``), for whoever reads the health check's output."""
+        found = conditions.current()
+        state = {
+            "daemon": self._daemon,
+            "pid": os.getpid(),
+            "at": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds"),
+            "status": "degraded" if found else "ok",
+            "degraded": found,
+        }
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        # Whole or not at all: the check never reads half a file.
+        partial = self._path.with_name(f".{self._path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(state) + "\n")
+        os.replace(partial, self._path)

@@ -5,7 +5,8 @@
                                             # (default http://127.0.0.1:$PORT/health/ready;
                                             # HEALTH_HOST: the Host header, if not the URL's)
     healthcheck.py --liveness FILE --max-age SECONDS
-                                            # a daemon: its LIVENESS_FILE was touched lately
+                                            # a daemon: its LIVENESS_FILE was written lately
+                                            # (what degrades it is printed, still healthy)
 
 Without arguments it picks by the environment: the liveness file when ``LIVENESS_FILE`` is
 set (a daemon's), else the API's readiness on ``PORT``. Exit status 0: healthy.
@@ -14,6 +15,7 @@ set (a daemon's), else the API's readiness on ``PORT``. Exit status 0: healthy.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -41,6 +43,8 @@ def ready(url: str) -> bool:
 
 
 def alive(path: str, max_age: float) -> bool:
+    """Whether the file is recent; what degrades the daemon meanwhile is printed, and is
+    no reason to restart it (it sweeps without Redis, it waits out a broker's alarm)."""
     try:
         age = time.time() - os.stat(path).st_mtime
     except OSError as exc:
@@ -49,7 +53,20 @@ def alive(path: str, max_age: float) -> bool:
     if age > max_age:
         print(f"last sign of life {age:.0f} s ago (more than {max_age:.0f} s)", file=sys.stderr)
         return False
+    for name, state in degraded(path).items():
+        print(f"alive, {name} degraded since {state.get('since')}: {state.get('detail')}")
     return True
+
+
+def degraded(path: str) -> dict[str, dict[str, str]]:
+    """What the daemon's liveness file says degrades it (nothing, if it says nothing)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            state = json.load(file)
+    except (OSError, ValueError):
+        return {}
+    found = state.get("degraded") if isinstance(state, dict) else None
+    return found if isinstance(found, dict) else {}
 
 
 def main(argv: list[str] | None = None) -> int:

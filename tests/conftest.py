@@ -22,7 +22,7 @@ import redis
 from django.conf import settings
 from hypothesis import settings as hypothesis_settings
 
-from common import accelerator
+from common import accelerator, conditions
 from tests.aws import moto_endpoint  # noqa: F401
 from tests.factories import PlatformAdminFactory, TenantFactory, UserFactory
 from tests.private_services import (  # noqa: F401
@@ -158,6 +158,7 @@ def _isolated_wake_key(settings, redis_key_prefix):
     settings.OUTBOX_WAKE_KEY = f"{redis_key_prefix}:outbox:wake"
     # One test's Redis outage is not held against the next one's Redis.
     accelerator.forget()
+    conditions.clear()
     yield
     redis_conn = redis.Redis.from_url(settings.REDIS_URL)
     try:

@@ -10,6 +10,7 @@ and print the recovery times they measured.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from pathlib import Path
 
@@ -309,12 +310,25 @@ def test_a_relay_waiting_out_a_broker_outage_stops_promptly_on_sigterm(
 # -- Redis --------------------------------------------------------------------------------------
 
 
+def liveness(path: Path) -> dict:
+    """What the daemon's liveness file says (empty until it is first written)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def test_without_redis_the_relay_sweeps_and_it_returns_to_the_signal_when_redis_is_back(
-    settings, private_redis, rabbit, daemons
+    settings, private_redis, rabbit, daemons, tmp_path
 ):
     sweep = 4.0
+    alive = tmp_path / "relay.alive"
     settings.REDIS_URL = private_redis.url  # the test's commits signal on the private Redis
-    relay = daemons(relay_environment(settings, redis=private_redis, RELAY_SWEEP_INTERVAL=sweep))
+    relay = daemons(
+        relay_environment(
+            settings, redis=private_redis, RELAY_SWEEP_INTERVAL=sweep, LIVENESS_FILE=alive
+        )
+    )
     assert first_message(rabbit) is not None
 
     # Idle when Redis goes: the sweep delivers. The relay finds Redis gone when its drain
@@ -329,6 +343,14 @@ def test_without_redis_the_relay_sweeps_and_it_returns_to_the_signal_when_redis_
         idle_row = dispatch("maintenance.purge", {"redis": "down, idle"})
     received = rabbit.take_run("maintenance", idle_row, timeout=sweep * 3)
     assert received is not None
+    # Alive, and degraded: what a container's health check prints, never a restart.
+    wait_until(
+        lambda: "sweeping the outbox every 4 s"
+        in liveness(alive).get("degraded", {}).get("redis", {}).get("detail", ""),
+        timeout=sweep * 2,
+        message=lambda: f"the liveness file to say Redis is degraded: {liveness(alive)}",
+    )
+    assert liveness(alive)["status"] == "degraded"
 
     # Draining when Redis is away: the backlog goes, without a signal.
     with transaction.atomic():
@@ -345,6 +367,11 @@ def test_without_redis_the_relay_sweeps_and_it_returns_to_the_signal_when_redis_
         lambda: "Redis reachable again" in relay.log,
         timeout=sweep * 3,
         message="the relay to see Redis",
+    )
+    wait_until(
+        lambda: liveness(alive).get("status") == "ok",
+        timeout=sweep * 2,
+        message=lambda: f"the liveness file to say ok again: {liveness(alive)}",
     )
     rabbit.take_all("maintenance")
     with transaction.atomic():

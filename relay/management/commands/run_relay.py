@@ -26,6 +26,7 @@ from django.conf import settings
 from django.core.management.base import CommandError
 
 from broker import TransportUnavailable
+from common import conditions
 from common.context import log_context
 from common.metrics import Heartbeat, serve_metrics
 from lifecycle import Backoff
@@ -126,6 +127,9 @@ class Command(Daemon):
                     timeout,
                 )
                 self._redis_down = True
+            conditions.degraded(
+                "redis", f"unreachable ({exc}): sweeping the outbox every {timeout:g} s"
+            )
             # What is left of the sweep interval: a Redis that hangs (each BLPOP waiting out
             # its socket timeout) does not stretch the sweep.
             self.stop.wait(max(deadline - time.monotonic(), 0))
@@ -136,6 +140,7 @@ class Command(Daemon):
         if self._redis_down:
             logger.info("Redis reachable again: waking on the outbox signal")
             self._redis_down = False
+            conditions.recovered("redis")
 
     @property
     def redis(self) -> redis.Redis:

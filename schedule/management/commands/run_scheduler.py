@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
+from common import conditions
 from common.context import log_context
 from common.metrics import Heartbeat, serve_metrics
 from lifecycle.daemon import Daemon
@@ -117,11 +118,16 @@ class Command(Daemon):
                         self.interval,
                     )
                     self._redis_down = True
+                conditions.degraded(
+                    "redis",
+                    f"unreachable ({exc}): due schedules looked for every {self.interval:g} s",
+                )
                 self.stop.sleep_until(min(deadline, time.monotonic() + 1.0))
                 continue
             if self._redis_down:
                 logger.info("scheduler: Redis is back, waking on changes again")
                 self._redis_down = False
+                conditions.recovered("redis")
             if woken:
                 return "signal"
         return "stop"
