@@ -14,7 +14,7 @@ belongs in the same modules: connections and topology here are not publisher-spe
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 
@@ -65,6 +65,10 @@ class Transport(ABC):
     name: str
     # Batches ``begin`` can have in flight at once (1: ``begin`` waits for the answers).
     max_in_flight = 1
+    # Called about once a second while the broker holds publishing back (RabbitMQ's
+    # connection.blocked): a wait that is flow control, not a hang, keeps the caller's
+    # sign of life fresh (the relay's heartbeat).
+    on_held: Callable[[], None] | None = None
 
     @abstractmethod
     def setup_topology(self) -> None:

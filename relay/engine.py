@@ -108,6 +108,8 @@ class OutboxRelay:
     def transport(self) -> Transport:
         if self._transport is None:
             self._transport = get_transport()
+            # Held by the broker's flow control, the relay is waiting, not hung.
+            self._transport.on_held = self.heartbeat.beat
         return self._transport
 
     @property

@@ -53,6 +53,7 @@ from broker.rabbitmq.connection import (
 )
 from broker.rabbitmq.topology import TopologyError, declarations, exchange_declaration
 from broker.topology import QUEUES
+from common import conditions
 
 logger = logging.getLogger("hubdommed.relay")
 
@@ -61,6 +62,8 @@ logger = logging.getLogger("hubdommed.relay")
 # a property the broker will not take); 311 CONTENT_TOO_LARGE; 312 NO_ROUTE.
 MESSAGE_FAULTS = frozenset({311, 312, 406})
 NOT_FOUND = 404
+# Seconds between the signs of life of a wait the broker holds (a blocked connection).
+HELD_SLICE = 1.0
 
 # pika reports a connection the broker dropped at ERROR with a stack; the transport reports
 # the same event once, as the reconnect it is (a warning), so theirs only adds noise.
@@ -265,8 +268,11 @@ class _Connection:
     channel are handled whichever answer the loop is waiting for, so batches published on
     two channels are answered while the relay waits for either."""
 
-    def __init__(self, params: pika.URLParameters) -> None:
+    def __init__(
+        self, params: pika.URLParameters, on_held: Callable[[], None] | None = None
+    ) -> None:
         self.error: str | None = None
+        self._on_held = on_held
         self._until: Callable[[], bool] | None = None
         # When the I/O loop last ran: heartbeats flow only while it runs.
         self._last_io = time.monotonic()
@@ -322,6 +328,10 @@ class _Connection:
             if remaining <= 0:
                 self.error = f"RabbitMQ did not answer within {timeout:g} s"
                 raise TransportUnavailable(self.error)
+            held = self.blocked_since is not None
+            if held:
+                # A second at a time, each one a sign of life: blocked is not hung.
+                remaining = min(remaining, HELD_SLICE)
             self._until = done
             timer = ioloop.call_later(remaining, ioloop.stop)
             try:
@@ -330,6 +340,8 @@ class _Connection:
                 ioloop.remove_timeout(timer)
                 self._until = None
                 self._last_io = time.monotonic()
+            if held and self._on_held is not None:
+                self._on_held()
 
     def poll(self) -> None:
         """Run the I/O loop once without waiting: write what is buffered, handle whatever
@@ -348,16 +360,21 @@ class _Connection:
     def _on_blocked(self, _connection, frame) -> None:
         self.blocked_since = time.monotonic()
         PUBLISHING_BLOCKED.set(1)
+        reason = getattr(frame.method, "reason", "") or "an alarm"
+        conditions.degraded("rabbitmq", f"publishing blocked by the broker ({reason})")
         logger.warning(
             "RabbitMQ blocked this connection (%s): publishing is held until it unblocks; "
             "what was written stays written, nothing is sent twice",
-            getattr(frame.method, "reason", "") or "an alarm",
+            reason,
         )
+        # The wait under way goes on a second at a time, each one a sign of life.
+        self.connection.ioloop.stop()
 
     def _on_unblocked(self, _connection, _frame) -> None:
         since, self.blocked_since = self.blocked_since, None
         self.unblocked_at = time.monotonic()
         PUBLISHING_BLOCKED.set(0)
+        conditions.recovered("rabbitmq")
         held = time.monotonic() - since if since is not None else 0.0
         logger.info("RabbitMQ unblocked this connection after %.1f s: publishing again", held)
 
@@ -370,6 +387,7 @@ class _Connection:
         if self.blocked_since is not None:
             self.blocked_since = None
             PUBLISHING_BLOCKED.set(0)
+            conditions.recovered("rabbitmq")
         self.connection.ioloop.stop()
 
     @property
@@ -553,7 +571,7 @@ class RabbitMQTransport(Transport):
         self.close()
         params = connection_parameters()
         try:
-            self._conn = _Connection(params)
+            self._conn = _Connection(params, on_held=self.on_held)
         except pika.exceptions.AMQPError as exc:
             node_failed(params)
             raise TransportUnavailable(f"cannot connect to RabbitMQ: {exc!r}") from exc

@@ -7,6 +7,8 @@ backlog drains within seconds of the dependency's return, however long it was aw
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 
 import pytest
@@ -43,7 +45,7 @@ def drained_since(stack, moment) -> float:
             )
         ),
         timeout=120,
-        what=f"the backlog to drain\n{stack.log_tail('relay')}",
+        what=lambda: f"the backlog to drain\n{stack.log_tail('relay')}",
         every=0.05,
     )
     return time.monotonic() - started
@@ -88,7 +90,7 @@ def test_broker_stopped_then_reset_costs_no_request_and_no_message(
 
         expected = stack.database.job_created_run_ids()
         audit.wait_for(
-            expected, timeout=60, what=f"every JobCreated on the broker\n{stack.log_tail()}"
+            expected, timeout=60, what=lambda: f"every JobCreated on the broker\n{stack.log_tail()}"
         )
     finally:
         traffic.stop()
@@ -147,7 +149,7 @@ def test_redis_stopped_costs_no_request_and_delivery_falls_back_to_the_sweep(
         traffic.stop()
         expected = stack.database.job_created_run_ids()
         audit.wait_for(
-            expected, timeout=60, what=f"every JobCreated on the broker\n{stack.log_tail()}"
+            expected, timeout=60, what=lambda: f"every JobCreated on the broker\n{stack.log_tail()}"
         )
         log = (stack.logs / "relay.log").read_text()
     finally:
@@ -221,7 +223,7 @@ def test_redis_frozen_costs_a_write_no_more_than_redis_dead_and_readiness_stays_
         traffic.stop()
         expected = stack.database.job_created_run_ids()
         audit.wait_for(
-            expected, timeout=60, what=f"every JobCreated on the broker\n{stack.log_tail()}"
+            expected, timeout=60, what=lambda: f"every JobCreated on the broker\n{stack.log_tail()}"
         )
     finally:
         private_redis.thaw()
@@ -275,8 +277,18 @@ def test_a_memory_alarm_under_load_holds_the_relay_and_costs_no_copy(
     stack = make_stack(database_url=scenario_database, rabbitmq_url=rabbit.url)
     seeded = seed(stack)
     stack.api(workers=3)
-    stack.relay()
+    alive = stack.logs / "relay.alive"
+    stack.relay(LIVENESS_FILE=alive)
     stack.wait_for_relay()
+    # The liveness file while blocked: how stale it got, and what it said.
+    ages: list[float] = []
+    said: set[str] = set()
+
+    def look_at_the_liveness_file() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            ages.append(time.time() - alive.stat().st_mtime)
+            said.update(json.loads(alive.read_text())["degraded"])
+
     audit = BrokerAudit(rabbit.url, job_queues(stack, seeded.automation_id)).start()
     traffic = JobTraffic(stack.api_url, seeded, threads=4, rate=RATE)
     try:
@@ -288,10 +300,12 @@ def test_a_memory_alarm_under_load_holds_the_relay_and_costs_no_copy(
             wait_for(
                 lambda: "RabbitMQ blocked this connection" in stack.log_tail("relay"),
                 timeout=60,
-                what=f"the relay's connection blocked\n{stack.log_tail('relay')}",
+                what=lambda: f"the relay's connection blocked\n{stack.log_tail('relay')}",
             )
             pending_blocked = stack.database.pending_rows()
-            time.sleep(max(0.0, alarm - (time.monotonic() - raised_at)))
+            while time.monotonic() - raised_at < alarm:
+                look_at_the_liveness_file()
+                time.sleep(0.5)
             pending_at_end = stack.database.pending_rows()
         finally:
             rabbit.ctl("set_vm_memory_high_watermark", "0.4")
@@ -302,7 +316,7 @@ def test_a_memory_alarm_under_load_holds_the_relay_and_costs_no_copy(
         traffic.stop()
         expected = stack.database.job_created_run_ids()
         audit.wait_for(
-            expected, timeout=60, what=f"every JobCreated on the broker\n{stack.log_tail()}"
+            expected, timeout=60, what=lambda: f"every JobCreated on the broker\n{stack.log_tail()}"
         )
         log = (stack.logs / "relay.log").read_text()
     finally:
@@ -325,6 +339,7 @@ def test_a_memory_alarm_under_load_holds_the_relay_and_costs_no_copy(
                 "alarm_s": held,
                 "pending_when_blocked": pending_blocked,
                 "pending_at_alarm_end": pending_at_end,
+                "liveness_age_max_s": max(ages, default=-1.0),
             },
         )
     )
@@ -337,3 +352,8 @@ def test_a_memory_alarm_under_load_holds_the_relay_and_costs_no_copy(
     # The traffic went on while blocked: a backlog built up, and it went out at once.
     assert pending_at_end > pending_blocked
     assert recovery <= 5.0
+    # Alive all along, and saying why it is held: a health check restarts nothing (a new
+    # connection would publish again what the blocked one holds).
+    assert ages and max(ages) <= 3.0, ages
+    assert "rabbitmq" in said, said
+    assert json.loads(alive.read_text())["status"] == "ok"
