@@ -377,7 +377,9 @@ class Stack:
             **env,
         )
         self.api_url = f"http://127.0.0.1:{port}"
-        wait_for(self._api_up, timeout=60, what=f"the API to listen\n{self.log_tail('api')}")
+        wait_for(
+            self._api_up, timeout=60, what=lambda: f"the API to listen\n{self.log_tail('api')}"
+        )
         return self.api_url
 
     def _api_up(self) -> bool:
@@ -397,7 +399,7 @@ class Stack:
                 "SELECT count(*) FROM platform_outbox_messages WHERE sent_at IS NOT NULL"
             ),
             timeout=timeout,
-            what=f"the relay to start\n{self.log_tail('relay')}",
+            what=lambda: f"the relay to start\n{self.log_tail('relay')}",
         )
 
     def worker(self, *args: str, name: str = "worker", **env: object) -> subprocess.Popen:
@@ -833,7 +835,9 @@ class BrokerAudit:
                 self._first_arrival.setdefault(properties.message_id, now)
         channel.basic_ack(method.delivery_tag)
 
-    def wait_for(self, expected: set[str], *, timeout: float, what: str) -> float:
+    def wait_for(
+        self, expected: set[str], *, timeout: float, what: str | Callable[[], str]
+    ) -> float:
         """Until every expected run id has arrived; returns when the last one did."""
         wait_for(lambda: expected <= self.seen, timeout=timeout, what=what, every=0.05)
         return time.monotonic()

@@ -64,7 +64,7 @@ def test_an_automation_worker_killed_mid_job_leaves_no_job_running(
             job_id, attempt = wait_for(
                 lambda: db.rows("SELECT id, attempt FROM jobs WHERE status = 'running'"),
                 timeout=60,
-                what=f"a running job\n{stack.log_tail()}",
+                what=lambda: f"a running job\n{stack.log_tail()}",
             )[0]
             time.sleep(rng.uniform(0.5, 2.5))
             kill_machine(agent.pid)
@@ -82,7 +82,9 @@ def test_an_automation_worker_killed_mid_job_leaves_no_job_running(
                     None,
                 ),
                 timeout=LEASE + MONITOR_INTERVAL + 30,
-                what=f"job {job_id} to be settled\n{stack.log_tail('monitor')}",
+                what=lambda job_id=job_id: (
+                    f"job {job_id} to be settled\n{stack.log_tail('monitor')}"
+                ),
                 every=0.05,
             )
             settle_times.append(time.monotonic() - killed_at)

@@ -77,13 +77,13 @@ def resumed(stack: Stack, moment: object, killed_at: float) -> tuple[float, floa
     wait_for(
         lambda: stack.database.delivered_after(moment),
         timeout=90,
-        what=f"the relay to deliver again\n{stack.log_tail('relay')}",
+        what=lambda: f"the relay to deliver again\n{stack.log_tail('relay')}",
     )
     relay = time.monotonic() - killed_at
     wait_for(
         lambda: stack.database.executed_after(moment),
         timeout=90,
-        what=f"the worker to run again\n{stack.log_tail('worker')}",
+        what=lambda: f"the worker to run again\n{stack.log_tail('worker')}",
     )
     return relay, time.monotonic() - killed_at
 
@@ -114,7 +114,7 @@ def settle(
             == jobs
         ),
         timeout=180,
-        what=f"every job's run settled\n{stack.log_tail('worker')}",
+        what=lambda: f"every job's run settled\n{stack.log_tail('worker')}",
     )
     return expected
 
@@ -210,7 +210,7 @@ def test_a_rolling_restart_under_load_loses_nothing(
             wait_for(
                 lambda moment=moment: stack.database.delivered_after(moment),
                 timeout=90,
-                what=f"the relay to deliver again\n{stack.log_tail('relay')}",
+                what=lambda: f"the relay to deliver again\n{stack.log_tail('relay')}",
             )
             resumes.append(time.monotonic() - killed_at)
             node.start()

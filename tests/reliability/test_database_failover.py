@@ -110,19 +110,19 @@ def test_the_primary_killed_and_its_standby_promoted_loses_no_acknowledged_job(
         wait_for(
             lambda: (traffic.last_created_at or 0) > promoted_at,
             timeout=60,
-            what=f"the API to create jobs again\n{stack.log_tail('api')}",
+            what=lambda: f"the API to create jobs again\n{stack.log_tail('api')}",
         )
         api_back = traffic.last_created_at - promoted_at
         wait_for(
             lambda: stack.database.delivered_after(moment),
             timeout=60,
-            what=f"the relay to deliver again\n{stack.log_tail('relay')}",
+            what=lambda: f"the relay to deliver again\n{stack.log_tail('relay')}",
         )
         relay_back = time.monotonic() - promoted_at
         wait_for(
             lambda: stack.database.executed_after(moment),
             timeout=60,
-            what=f"the worker to run again\n{stack.log_tail('worker')}",
+            what=lambda: f"the worker to run again\n{stack.log_tail('worker')}",
         )
         worker_back = time.monotonic() - promoted_at
         # Long enough for the monitor and the scheduler (a cycle a second) to show it.
@@ -132,7 +132,9 @@ def test_the_primary_killed_and_its_standby_promoted_loses_no_acknowledged_job(
         found = stack.database.value("SELECT count(*) FROM jobs WHERE id = ANY(%s)", [created])
         expected = stack.database.job_created_run_ids(but="chaos.effect")
         audit.wait_for(
-            expected, timeout=120, what=f"every JobCreated on the broker\n{stack.log_tail()}"
+            expected,
+            timeout=120,
+            what=lambda: f"every JobCreated on the broker\n{stack.log_tail()}",
         )
         # Nothing due is left unsent. (A run the worker could not mark done while there was
         # no primary comes back later, by design: its row waits for its lease.)

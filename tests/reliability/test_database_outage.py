@@ -53,7 +53,7 @@ def effect_done(stack) -> float:
             "SELECT count(*) FROM reliability_effects WHERE run_id = %s", [run_id]
         ),
         timeout=60,
-        what=f"the worker to run a task\n{stack.log_tail('worker', 'relay')}",
+        what=lambda: f"the worker to run a task\n{stack.log_tail('worker', 'relay')}",
     )
     return time.monotonic() - started
 
@@ -92,7 +92,7 @@ def test_database_restarted_and_backends_terminated_everything_recovers_by_itsel
         wait_for(
             lambda: job_done(stack, first),
             timeout=90,
-            what=f"the first job\n{stack.log_tail()}",
+            what=lambda: f"the first job\n{stack.log_tail()}",
         )
         effect_done(stack)
 
@@ -109,7 +109,7 @@ def test_database_restarted_and_backends_terminated_everything_recovers_by_itsel
             wait_for(
                 lambda job_id=job_id: job_done(stack, job_id),
                 timeout=60,
-                what=f"a job after the {name}\n{stack.log_tail()}",
+                what=lambda name=name: f"a job after the {name}\n{stack.log_tail()}",
             )
             effect_done(stack)
             recoveries[name] = time.monotonic() - started
@@ -135,7 +135,7 @@ def test_database_restarted_and_backends_terminated_everything_recovers_by_itsel
                 == len(created)
             ),
             timeout=scaled(120, 240),
-            what=f"every accepted job to succeed\n{stack.log_tail()}",
+            what=lambda: f"every accepted job to succeed\n{stack.log_tail()}",
         )
         recoveries["busy"] = time.monotonic() - restarted
         # Nothing due is left unsent. (A run the worker could not mark done while the
@@ -143,7 +143,7 @@ def test_database_restarted_and_backends_terminated_everything_recovers_by_itsel
         wait_for(
             lambda: stack.database.oldest_pending_age() < 2.0,
             timeout=30,
-            what=f"the relay to keep up\n{stack.log_tail('relay')}",
+            what=lambda: f"the relay to keep up\n{stack.log_tail('relay')}",
         )
         wait_for(
             lambda: len(monitor_cycles(stack)) > cycles_before + 3,

@@ -240,7 +240,7 @@ def test_a_poison_row_backs_off_alone_and_the_good_rows_around_it_go_on(
         wait_for(
             lambda: set(clean) <= audit.seen,
             timeout=60,
-            what=f"the clean wave\n{stack.log_tail('relay')}",
+            what=lambda: f"the clean wave\n{stack.log_tail('relay')}",
             every=0.02,
         )
         clean_wave = max(audit.arrival(r) for r in clean) - committed_clean
@@ -260,7 +260,7 @@ def test_a_poison_row_backs_off_alone_and_the_good_rows_around_it_go_on(
         wait_for(
             lambda: set(good) <= audit.seen,
             timeout=60,
-            what=f"the good rows\n{stack.log_tail('relay')}",
+            what=lambda: f"the good rows\n{stack.log_tail('relay')}",
             every=0.02,
         )
         first_wave = max(audit.arrival(r) for r in good) - committed
@@ -273,7 +273,7 @@ def test_a_poison_row_backs_off_alone_and_the_good_rows_around_it_go_on(
         wait_for(
             lambda: set(second) <= audit.seen,
             timeout=60,
-            what=f"the second wave\n{stack.log_tail('relay')}",
+            what=lambda: f"the second wave\n{stack.log_tail('relay')}",
             every=0.02,
         )
         second_wave = max(audit.arrival(r) for r in second) - committed_again

@@ -69,7 +69,7 @@ def test_relay_killed_at_random_moments_loses_no_job_created(
                 wait_for(
                     lambda moment=moment: stack.database.sent_since(moment),
                     timeout=30,
-                    what=f"the restarted relay to deliver\n{stack.log_tail('relay')}",
+                    what=lambda: f"the restarted relay to deliver\n{stack.log_tail('relay')}",
                 )
                 recoveries.append(time.monotonic() - restarted_at)
             later = points[number + 1] if number + 1 < KILLS else None
@@ -79,7 +79,9 @@ def test_relay_killed_at_random_moments_loses_no_job_created(
 
         expected = stack.database.job_created_run_ids()
         last = audit.wait_for(
-            expected, timeout=120, what=f"every JobCreated on the broker\n{stack.log_tail()}"
+            expected,
+            timeout=120,
+            what=lambda: f"every JobCreated on the broker\n{stack.log_tail()}",
         )
         wait_for(lambda: stack.database.pending_rows() == 0, timeout=30, what="no pending row")
     finally:

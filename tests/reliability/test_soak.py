@@ -54,7 +54,9 @@ def test_soak_under_steady_traffic_memory_and_lag_stay_bounded(
     lag = LagProbe(stack, every=0.5)
     pid_file = stack.machines / f"{seeded.slug}.pid"
     try:
-        wait_for(pid_file.exists, timeout=120, what=f"the machine to start\n{stack.log_tail()}")
+        wait_for(
+            pid_file.exists, timeout=120, what=lambda: f"the machine to start\n{stack.log_tail()}"
+        )
         agent = int(pid_file.read_text())
         lag.start()
         started = time.monotonic()
@@ -85,7 +87,7 @@ def test_soak_under_steady_traffic_memory_and_lag_stay_bounded(
                 >= traffic.created
             ),
             timeout=300,
-            what=f"every job to succeed\n{stack.log_tail()}",
+            what=lambda: f"every job to succeed\n{stack.log_tail()}",
         )
         drained = time.monotonic() - stopped
         statuses = dict(stack.database.rows("SELECT status, count(*) FROM jobs GROUP BY 1"))

@@ -201,7 +201,7 @@ def test_a_receivers_outage_loses_nothing_and_its_backlog_comes_back_within_seco
                 and set(healthy.first_arrivals()) >= {row[0] for row in rows_b}
             ),
             timeout=120,
-            what=f"every delivery at its receiver\n{stack.log_tail('worker', chars=2000)}",
+            what=lambda: f"every delivery at its receiver\n{stack.log_tail('worker', chars=2000)}",
         )
     finally:
         down.close()

@@ -64,7 +64,7 @@ def test_worker_killed_and_terminated_mid_task_runs_every_effect_once(
                     "SELECT count(*) FROM reliability_executions WHERE pid = %s", [pid]
                 ),
                 timeout=60,
-                what=f"the worker to run tasks\n{stack.log_tail('worker', 'relay')}",
+                what=lambda: f"the worker to run tasks\n{stack.log_tail('worker', 'relay')}",
             )
             restarts.append(time.monotonic() - restarted)
             time.sleep(rng.uniform(0.3, 2.0))
@@ -88,7 +88,7 @@ def test_worker_killed_and_terminated_mid_task_runs_every_effect_once(
                 == RUNS
             ),
             timeout=scaled(180, 600),
-            what=f"every run to succeed\n{stack.log_tail('worker', 'relay')}",
+            what=lambda: f"every run to succeed\n{stack.log_tail('worker', 'relay')}",
         )
         finished = time.monotonic()
     finally:
