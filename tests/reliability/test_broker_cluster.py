@@ -141,11 +141,15 @@ def test_the_node_relay_and_worker_use_killed_under_load_loses_nothing(
     try:
         traffic.start()
         wait_for(lambda: traffic.created >= JOBS // 3, timeout=120, what="traffic")
-        # The queues are replicated on every node: the quorum the cluster allows.
-        replicas = members(cluster, stack)
+        # Nothing slow between here and the kill (rabbitmqctl takes seconds on a loaded
+        # machine, long enough for the traffic to end before it): jobs come after the kill.
         moment, killed_at = stack.database.now(), time.monotonic()
         cluster.nodes[0].kill()
+        created_at_kill = traffic.created
+        assert created_at_kill < JOBS, "the traffic was over before the kill"
         relay_resume, worker_resume = resumed(stack, moment, killed_at)
+        # The queues are replicated on every node: the quorum the cluster allows.
+        replicas = members(cluster, stack)
         traffic.join(timeout=scaled(300, 1500))
         expected = settle(stack, audit, cluster, JOBS)
         applied, most = effects(stack)
