@@ -345,8 +345,10 @@ def test_without_redis_the_relay_sweeps_and_it_returns_to_the_signal_when_redis_
     assert received is not None
     # Alive, and degraded: what a container's health check prints, never a restart.
     wait_until(
-        lambda: "sweeping the outbox every 4 s"
-        in liveness(alive).get("degraded", {}).get("redis", {}).get("detail", ""),
+        lambda: (
+            "sweeping the outbox every 4 s"
+            in liveness(alive).get("degraded", {}).get("redis", {}).get("detail", "")
+        ),
         timeout=sweep * 2,
         message=lambda: f"the liveness file to say Redis is degraded: {liveness(alive)}",
     )
