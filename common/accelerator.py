@@ -20,7 +20,7 @@ import threading
 import redis
 from django.conf import settings
 
-from common import conditions
+from lifecycle import conditions
 
 logger = logging.getLogger("hubdommed")
 

@@ -37,7 +37,8 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from common import conditions, heartbeats
+from common import heartbeats
+from lifecycle import conditions
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +171,7 @@ class Heartbeat:
 
     def _write(self, now: float) -> None:
         """The file's age is the sign of life; its content says what holds the daemon back
-        (``common.conditions``), for whoever reads the health check's output."""
+        (``lifecycle.conditions``), for whoever reads the health check's output."""
         found = conditions.current()
         state = {
             "daemon": self._daemon,

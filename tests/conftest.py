@@ -22,7 +22,8 @@ import redis
 from django.conf import settings
 from hypothesis import settings as hypothesis_settings
 
-from common import accelerator, conditions
+from common import accelerator
+from lifecycle import conditions
 from tests.aws import moto_endpoint  # noqa: F401
 from tests.factories import PlatformAdminFactory, TenantFactory, UserFactory
 from tests.private_services import (  # noqa: F401

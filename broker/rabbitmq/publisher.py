@@ -53,7 +53,7 @@ from broker.rabbitmq.connection import (
 )
 from broker.rabbitmq.topology import TopologyError, declarations, exchange_declaration
 from broker.topology import QUEUES
-from common import conditions
+from lifecycle import conditions
 
 logger = logging.getLogger("hubdommed.relay")
 

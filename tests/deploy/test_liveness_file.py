@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 
-from common import conditions
 from common.accelerator import redis_hold_off
 from common.metrics import Heartbeat
+from lifecycle import conditions
 from tests.deploy.test_compose import run_check
 
 

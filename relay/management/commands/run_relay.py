@@ -26,10 +26,9 @@ from django.conf import settings
 from django.core.management.base import CommandError
 
 from broker import TransportUnavailable
-from common import conditions
 from common.context import log_context
 from common.metrics import Heartbeat, serve_metrics
-from lifecycle import Backoff
+from lifecycle import Backoff, conditions
 from lifecycle.daemon import Daemon
 from outbox.metrics import OutboxBacklogCollector
 from relay import metrics

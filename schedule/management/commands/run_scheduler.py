@@ -24,9 +24,9 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
-from common import conditions
 from common.context import log_context
 from common.metrics import Heartbeat, serve_metrics
+from lifecycle import conditions
 from lifecycle.daemon import Daemon
 from outbox.wake import wait_for_signal
 from schedule.firing import next_due_at, schedules_end_orphaned, schedules_fire_due
