@@ -60,7 +60,7 @@ suite: lint db
 
 # The reliability suite at full size: 10,000 jobs under relay kills, 30-s outages, poison
 # rows, crashed workers, and the 30-minute soak, which runs beside the other scenarios
-# (about 35 minutes in all; its output is kept in var/reliability/soak.log and shown at the
+# (about 40 minutes in all; its output is kept in var/reliability/soak.log and shown at the
 # end). `make test` runs the quick form of the same scenarios, without the soak.
 chaos: db
 	@mkdir -p var/reliability
