@@ -20,8 +20,9 @@ import pika
 import pytest
 import requests
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import DatabaseError, connection
 
+from automation.models import Automation
 from automation.services import automation_create
 from broker import topology
 from broker.topology import QUEUES
@@ -40,10 +41,14 @@ def broker_names(settings):
     settings.RABBITMQ_EXCHANGE = f"dom_med_e2e_{uuid.uuid4().hex[:6]}"
     created_automations: list[int] = []
     yield created_automations
+    # Every automation of the test's database has its queue too (`make run` seeds the demo
+    # automation): the database is still there, as this fixture was set up after it.
+    with contextlib.suppress(DatabaseError):
+        created_automations.extend(Automation.objects.values_list("id", flat=True))
     conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
     try:
         channel = conn.channel()
-        destinations = [*QUEUES, *(f"automation-{i}" for i in created_automations)]
+        destinations = [*QUEUES, *(f"automation-{i}" for i in set(created_automations))]
         for destination in destinations:
             channel.queue_delete(topology.queue_name(destination))
             channel.queue_delete(topology.dead_letter_queue_name(destination))

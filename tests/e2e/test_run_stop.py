@@ -106,8 +106,3 @@ def test_ctrl_c_stops_the_automation_workers_and_their_commands_before_it_return
             assert took < 30, stack.log_text()
     finally:
         stack.cleanup()
-        from automation.models import Automation
-
-        broker_names.extend(
-            Automation.objects.exclude(pk=automation.pk).values_list("id", flat=True)
-        )

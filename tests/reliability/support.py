@@ -336,6 +336,7 @@ class Stack:
         self.env.update({name: str(value) for name, value in extra.items()})
         self.processes: dict[str, subprocess.Popen] = {}
         self.api_url: str | None = None
+        self._broker_names_deleted = False
 
     @property
     def rabbitmq_url(self) -> str:
@@ -466,6 +467,31 @@ class Stack:
         for pid_file in self.machines.glob("*.pid"):
             with contextlib.suppress(ProcessLookupError, ValueError, PermissionError):
                 os.killpg(int(pid_file.read_text().strip()), signal.SIGKILL)
+        if "RABBITMQ_URL" not in self.env and not self._broker_names_deleted:
+            self._delete_broker_names()
+            self._broker_names_deleted = True
+
+    def _delete_broker_names(self) -> None:
+        """Remove every queue and the exchange the scenario's daemons may have declared on
+        the shared broker (a private node goes with its test): each destination of the
+        topology, and each automation's, of the automations in the scenario's database."""
+        from broker.topology import QUEUES
+
+        destinations = list(QUEUES)
+        with contextlib.suppress(psycopg.Error):
+            destinations += [
+                f"automation-{id_}" for (id_,) in self.database.rows("SELECT id FROM automations")
+            ]
+        with contextlib.suppress(pika.exceptions.AMQPError, OSError):
+            connection = pika.BlockingConnection(pika.URLParameters(self.rabbitmq_url))
+            try:
+                channel = connection.channel()
+                for destination in destinations:
+                    channel.queue_delete(f"{self.queue_prefix}{destination}")
+                    channel.queue_delete(f"{self.queue_prefix}{destination}-dlq")
+                channel.exchange_delete(self.exchange)
+            finally:
+                connection.close()
 
     def log_tail(self, *names: str, chars: int = 3000) -> str:
         paths = [self.logs / f"{n}.log" for n in names] if names else sorted(self.logs.glob("*"))
@@ -850,17 +876,3 @@ def job_queues(stack: Stack, automation_id: int) -> Callable[[], list[str]]:
         f"{stack.queue_prefix}critical",
         f"{stack.queue_prefix}automation-{automation_id}",
     ]
-
-
-def delete_broker_names(url: str, stack: Stack, destinations: Iterable[str]) -> None:
-    """Remove what the scenario declared on a shared broker."""
-    with contextlib.suppress(pika.exceptions.AMQPError, OSError):
-        connection = pika.BlockingConnection(pika.URLParameters(url))
-        try:
-            channel = connection.channel()
-            for destination in destinations:
-                channel.queue_delete(f"{stack.queue_prefix}{destination}")
-                channel.queue_delete(f"{stack.queue_prefix}{destination}-dlq")
-            channel.exchange_delete(stack.exchange)
-        finally:
-            connection.close()

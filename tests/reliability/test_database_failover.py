@@ -27,7 +27,6 @@ from tests.reliability.support import (
     Figures,
     JobTraffic,
     Stack,
-    delete_broker_names,
     job_queues,
     migrate,
     scaled,
@@ -151,11 +150,6 @@ def test_the_primary_killed_and_its_standby_promoted_loses_no_acknowledged_job(
         traffic.stop()
         audit.stop()
         stack.close()
-        delete_broker_names(
-            stack.rabbitmq_url,
-            stack,
-            ["critical", "default", f"automation-{seeded.automation_id}"],
-        )
 
     lost = expected - audit.seen
     daemons_back = {name: (at - promoted_wall if at else 0.0) for name, at in quiet_since.items()}

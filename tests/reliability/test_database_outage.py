@@ -18,7 +18,6 @@ from tests.reliability import tasks
 from tests.reliability.support import (
     Figures,
     JobTraffic,
-    delete_broker_names,
     dispatch_effects,
     scaled,
     seed,
@@ -157,11 +156,6 @@ def test_database_restarted_and_backends_terminated_everything_recovers_by_itsel
     finally:
         traffic.stop()
         stack.close()
-        delete_broker_names(
-            stack.rabbitmq_url,
-            stack,
-            ["critical", "default", "maintenance", f"automation-{seeded.automation_id}"],
-        )
 
     refused = traffic.sent - traffic.created
     figures(

@@ -17,7 +17,6 @@ from tests.reliability.support import (
     BrokerAudit,
     Figures,
     JobTraffic,
-    delete_broker_names,
     job_queues,
     scaled,
     seed,
@@ -87,9 +86,6 @@ def test_relay_killed_at_random_moments_loses_no_job_created(
     finally:
         audit.stop()
         stack.close()
-        delete_broker_names(
-            stack.rabbitmq_url, stack, ["critical", f"automation-{seeded.automation_id}"]
-        )
 
     # The API answered every request; each job has its two messages.
     assert traffic.statuses == {201: JOBS}, traffic.failures[:5]

@@ -21,7 +21,6 @@ from tests.reliability.support import (
     Figures,
     JobTraffic,
     LagProbe,
-    delete_broker_names,
     process_tree,
     rss_kib,
     seed,
@@ -96,11 +95,6 @@ def test_soak_under_steady_traffic_memory_and_lag_stay_bounded(
         traffic.stop()
         (tmp_path / "soak-samples.json").write_text(json.dumps(samples, indent=1))
         stack.close()
-        delete_broker_names(
-            stack.rabbitmq_url,
-            stack,
-            ["critical", "default", "maintenance", f"automation-{seeded.automation_id}"],
-        )
 
     processes = ("api", "relay", "worker", "monitor", "agent")
     warm = [s for s in samples if s["t"] >= WARM_UP]

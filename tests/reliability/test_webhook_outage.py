@@ -27,7 +27,6 @@ from tests.reliability.support import (
     JobTraffic,
     Seeded,
     Stack,
-    delete_broker_names,
     free_port,
     scaled,
     seed,
@@ -207,15 +206,6 @@ def test_a_receivers_outage_loses_nothing_and_its_backlog_comes_back_within_seco
         down.close()
         healthy.close()
         stack.close()
-        delete_broker_names(
-            stack.rabbitmq_url,
-            stack,
-            [
-                "critical",
-                "default",
-                f"automation-{seeded_a.automation_id}",
-            ],
-        )
 
     for each in traffic:
         assert each.statuses == {201: total}, each.failures[:5]

@@ -16,7 +16,6 @@ import pytest
 from tests.reliability import tasks
 from tests.reliability.support import (
     Figures,
-    delete_broker_names,
     dispatch_effects,
     scaled,
     wait_for,
@@ -93,7 +92,6 @@ def test_worker_killed_and_terminated_mid_task_runs_every_effect_once(
         finished = time.monotonic()
     finally:
         stack.close()
-        delete_broker_names(stack.rabbitmq_url, stack, ["default", "maintenance"])
 
     effects = dict(db.rows("SELECT run_id::text, applications FROM reliability_effects"))
     executions = db.value("SELECT count(*) FROM reliability_executions")
