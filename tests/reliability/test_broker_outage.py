@@ -19,7 +19,6 @@ from tests.reliability.support import (
     Figures,
     JobTraffic,
     LagProbe,
-    delete_broker_names,
     job_queues,
     scaled,
     seed,
@@ -156,9 +155,6 @@ def test_redis_stopped_costs_no_request_and_delivery_falls_back_to_the_sweep(
         traffic.stop()
         audit.stop()
         stack.close()
-        delete_broker_names(
-            stack.rabbitmq_url, stack, ["critical", f"automation-{seeded.automation_id}"]
-        )
 
     lost = expected - audit.seen
     figures(
@@ -230,9 +226,6 @@ def test_redis_frozen_costs_a_write_no_more_than_redis_dead_and_readiness_stays_
         traffic.stop()
         audit.stop()
         stack.close()
-        delete_broker_names(
-            stack.rabbitmq_url, stack, ["critical", f"automation-{seeded.automation_id}"]
-        )
 
     lost = expected - audit.seen
     post_before = traffic.latency_p95(before_at, frozen_at)
@@ -303,7 +296,10 @@ def test_a_memory_alarm_under_load_holds_the_relay_and_costs_no_copy(
                 what=lambda: f"the relay's connection blocked\n{stack.log_tail('relay')}",
             )
             pending_blocked = stack.database.pending_rows()
-            while time.monotonic() - raised_at < alarm:
+            # ALARM seconds from the block itself: on a loaded machine rabbitmqctl and the
+            # log line may take longer than that on their own.
+            blocked_at = time.monotonic()
+            while time.monotonic() - blocked_at < alarm:
                 look_at_the_liveness_file()
                 time.sleep(0.5)
             pending_at_end = stack.database.pending_rows()
