@@ -47,6 +47,12 @@ def pytest_configure(config):
     the names are set on the settings themselves; ``tests.processes`` passes them on to the
     daemons a test starts.
     """
+    config.pluginmanager.register(_GroupOrder(), "hubdommed-group-order")
+    if config.getoption("dist", "no") == "loadgroup" and pytest.version_tuple[:2] >= (9, 2):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} ignores the node ids pytest-xdist renames to group "
+            "tests: install the pytest that pyproject.toml asks for (make install)"
+        )
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if not worker:
         return
@@ -59,7 +65,13 @@ def pytest_configure(config):
     settings.CACHES = caches
 
 
-@pytest.hookimpl(trylast=True)
+def _group(item) -> str:
+    path = Path(item.path)
+    alone = RELIABILITY in path.parents or item.get_closest_marker("many_connections")
+    return "reliability" if alone else item.nodeid.split("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """One xdist group a file (``--dist loadgroup``): a file's tests share module fixtures
     and private services, and some run in an order. The reliability scenarios form one group,
@@ -67,20 +79,34 @@ def pytest_collection_modifyitems(config, items):
     the tests marked ``many_connections`` join it, since PostgreSQL's connections
     (``max_connections``, 100 here) are shared by every worker and the scenarios' daemons.
 
-    Groups are handed out in the order of the items (``make test`` passes
-    ``--no-loadscope-reorder``): the reliability group first, as it is the longest by far
-    and runs on one worker, then the others, the largest first. After pytest-django's
-    reordering (trylast), which keeps the order of a group's own items.
+    First of the hooks: pytest-xdist reads the groups in its own hook, which runs before
+    any ``trylast`` one (a group marked there would be no group at all).
     """
-    groups = {}
     for item in items:
-        path = Path(item.path)
-        alone = RELIABILITY in path.parents or item.get_closest_marker("many_connections")
-        group = "reliability" if alone else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
-        groups[item] = group
-    sizes = Counter(groups.values())
-    items.sort(key=lambda item: (groups[item] != "reliability", -sizes[groups[item]]))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
+
+
+class _GroupOrder:
+    """Groups are handed out in the order of the items (``make test`` passes
+    ``--no-loadscope-reorder``): the reliability group first, as it is the longest by far
+    and runs on one worker, then the others, the largest first. Last of the hooks, after
+    pytest-django's reordering (trylast), which keeps the order of a group's own items."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        # pytest-xdist applies a group by renaming the item ("...@group"); a pytest that
+        # ignores the new name (9.2 does) would run a file's tests, and the scenarios, on
+        # every worker at once. Said here, not found out by a loaded machine.
+        if getattr(config.option, "loadgroup", False) and any(
+            "@" not in item.nodeid for item in items
+        ):
+            raise pytest.UsageError(
+                "pytest-xdist's groups are not applied (this pytest ignores the renamed "
+                "node ids): install the pytest that pyproject.toml asks for"
+            )
+        groups = {item: _group(item) for item in items}
+        sizes = Counter(groups.values())
+        items.sort(key=lambda item: (groups[item] != "reliability", -sizes[groups[item]]))
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)
