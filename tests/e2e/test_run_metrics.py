@@ -92,7 +92,8 @@ class System:
         return self.log.read_text(errors="replace")
 
     def metrics(self, port: int) -> str | None:
-        with contextlib.suppress(requests.ConnectionError):
+        # Not there yet, or too busy starting to answer in time: asked again.
+        with contextlib.suppress(requests.RequestException):
             response = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
             if response.status_code == 200:
                 return response.text
