@@ -92,8 +92,16 @@ def test_the_primary_killed_and_its_standby_promoted_loses_no_acknowledged_job(
     stack.relay()
     stack.wait_for_relay()
     stack.worker("--queues", "default", "--concurrency", "4")
-    stack.monitor(interval=1.0)
-    stack.start("scheduler", "run_scheduler", "--interval", "1")
+    beats = {name: stack.logs / f"{name}.alive" for name in ("monitor", "scheduler")}
+    stack.monitor(interval=1.0, LIVENESS_FILE=beats["monitor"])
+    stack.start("scheduler", "run_scheduler", "--interval", "1", LIVENESS_FILE=beats["scheduler"])
+    # Both past their first cycle before the kill: on a loaded machine a daemon still
+    # starting would meet the new primary only, and the outage would be nobody's to see.
+    wait_for(
+        lambda: all(beat.exists() for beat in beats.values()),
+        timeout=60,
+        what=lambda: f"the monitor's and the scheduler's first cycle\n{stack.log_tail()}",
+    )
     audit = BrokerAudit(stack.rabbitmq_url, job_queues(stack, seeded.automation_id)).start()
     traffic = JobTraffic(stack.api_url, seeded, threads=4, rate=RATE)
     try:
