@@ -5,7 +5,9 @@ The ``Job`` aggregate owns its transitions (``start``, ``heartbeat``, ``complete
 raises ``Conflict`` with a stable code when the move is illegal, changes the
 instance in memory and returns the domain event it causes (or ``None`` when the
 call repeats what already happened). ``job.services`` locks the row, calls the
-transition, saves and records the event in one transaction.
+transition, saves and records the event in one transaction. A re-run is no transition:
+the job only says whether it may be run again (``check_rerun``), and the re-run is a
+new job that names it (``rerun_of``).
 
 The machine's final states are ``FINISHED``; ``WAYS_FORWARD`` says what moves each other
 state (docs/state-machines.md), and ``job.stranded`` is the monitor's check that no job
@@ -88,6 +90,19 @@ class Job(models.Model):
     # What started a job the hub started itself: {"schedule": id, "due_at": iso} for a
     # schedule's run (null for a person's request).
     triggered_by = models.JSONField(null=True, blank=True)
+    # The finished job this one runs again (POST /jobs/{id}/rerun); null for any other.
+    # PROTECT, not SET_NULL: where a re-run came from is part of its history, and the
+    # hub deletes no job, so a deletion that would erase it is refused rather than
+    # silently leaving the re-run without its origin. No db_index: jobs_rerun_of_idx
+    # below holds only the re-runs.
+    rerun_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        db_index=False,
+    )
     status = models.TextField(choices=JobStatus.choices, default=JobStatus.PENDING)
     params = models.JSONField(default=dict)
     # The caller's Idempotency-Key: a retried request returns the job it created.
@@ -188,6 +203,13 @@ class Job(models.Model):
                 condition=Q(status=JobStatus.RUNNING),
                 name="jobs_running_idx",
             ),
+            # A job's re-runs (the admin's link from a job's page to them). Partial: most
+            # jobs are no re-run, and the history does not grow this index.
+            models.Index(
+                fields=["rerun_of"],
+                condition=Q(rerun_of__isnull=False),
+                name="jobs_rerun_of_idx",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -222,8 +244,19 @@ class Job(models.Model):
             "JobCreated",
             tenant_id=int(self.tenant_id),
             requested_by=self.requested_by_id,
+            rerun_of=self.rerun_of_id,
             created_at=self.created_at.isoformat(),
         )
+
+    def check_rerun(self) -> None:
+        """Only a finished job may be run again (as a new job): a pending or running one
+        is still on its way, and running it twice at once is not what anyone asked."""
+        if not self.is_finished:
+            raise Conflict(
+                "The job has not finished; only a finished job can be run again.",
+                code="job_not_finished",
+                details={"status": self.status},
+            )
 
     # --- transitions ------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ PUBLIC_FIELDS = (
     "params",
     "requested_by",
     "triggered_by",
+    "rerun_of",
     "attempt",
     "created_at",
     "started_at",
@@ -39,8 +40,8 @@ def job_public(job: Job) -> dict[str, Any]:
     """The job as the outside sees it, ready for JSON: the job API's body
     (``job.api.serializers.JobOutput`` documents it) and the ``job`` of a webhook's.
 
-    Times in ISO 8601, UTC with a ``Z``; ids of the automation and the requester, not
-    objects; ``failure_reason`` null unless the job failed.
+    Times in ISO 8601, UTC with a ``Z``; ids of the automation, the requester and the job
+    it re-runs, not objects; ``failure_reason`` null unless the job failed.
     """
     return {
         "id": job.id,
@@ -49,6 +50,7 @@ def job_public(job: Job) -> dict[str, Any]:
         "params": job.params,
         "requested_by": job.requested_by_id,
         "triggered_by": job.triggered_by,
+        "rerun_of": job.rerun_of_id,
         "attempt": job.attempt,
         "created_at": _time(job.created_at),
         "started_at": _time(job.started_at),

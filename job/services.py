@@ -29,6 +29,7 @@ from identity.selectors import tenant_is_active
 from job.metrics import count_claim_refusal, count_transition_on_commit
 from job.models import Job, JobEvent, JobStatus
 from job.selectors import (
+    job_get,
     job_ids_unfinished_of,
     running_count,
 )
@@ -73,10 +74,12 @@ def job_create(
     requested_by: Any,
     idempotency_key: str | None = None,
     triggered_by: dict[str, Any] | None = None,
+    rerun_of: Job | None = None,
 ) -> tuple[Job, bool]:
     """Create a pending job and record JobCreated. Returns ``(job, created)``.
 
-    ``triggered_by`` names what started a job nobody asked for (a schedule's due time).
+    ``triggered_by`` names what started a job nobody asked for (a schedule's due time);
+    ``rerun_of`` the finished job this one runs again (``job_rerun``).
 
     With an ``idempotency_key`` already used by the tenant, returns that job and
     ``created=False`` (when the request is the same one; another request is refused).
@@ -88,7 +91,7 @@ def job_create(
     if idempotency_key is not None:
         existing = Job.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return _replayed(existing, automation_id=automation_id, params=params), False
+            return _replayed(existing, automation_id, params, rerun_of), False
 
     automation = job_automation_check(automation_id=automation_id, params=params)
 
@@ -100,6 +103,7 @@ def job_create(
         params=params,
         idempotency_key=idempotency_key,
         triggered_by=triggered_by,
+        rerun_of=rerun_of,
         created_at=now,
         updated_at=now,
         traceparent=tracing.current_traceparent() or "",
@@ -110,9 +114,38 @@ def job_create(
         else:
             existing = _insert_unless_key_taken(job)
             if existing is not None:
-                return _replayed(existing, automation_id=automation_id, params=params), False
+                return _replayed(existing, automation_id, params, rerun_of), False
         record_transition(job, job.created_event(), actor=requested_by)
     return job, True
+
+
+def job_rerun(
+    *, tenant: Any, job_id: int, requested_by: Any, idempotency_key: str | None = None
+) -> tuple[Job, bool]:
+    """Run one of the tenant's finished jobs again: a new job of its automation with its
+    params, ``rerun_of`` naming it. Returns ``(job, created)``.
+
+    The new job is created by ``job_create``, so it passes the checks any job passes
+    against its automation as it is now (active, its parameter schema of today), records
+    JobCreated the same way and honors the idempotency key the same way.
+
+    No row lock: a finished job stays finished, and what is copied from it never changes.
+    """
+    original = job_get(tenant=tenant, job_id=job_id)
+    if original is None:
+        raise NotFound("There is no such job.", code="job_not_found")
+    original.check_rerun()
+    # The API's callers are people of an active tenant already; the admin's are not.
+    if not tenant_is_active(original.tenant_id):
+        raise Conflict("The job's tenant is inactive.", code="tenant_inactive")
+    return job_create(
+        tenant=tenant,
+        automation_id=original.automation_id,
+        params=original.params,
+        requested_by=requested_by,
+        idempotency_key=idempotency_key,
+        rerun_of=original,
+    )
 
 
 def _insert_unless_key_taken(job: Job) -> Job | None:
@@ -135,8 +168,13 @@ def _insert_unless_key_taken(job: Job) -> Job | None:
     return None
 
 
-def _replayed(job: Job, *, automation_id: int, params: dict[str, Any]) -> Job:
-    if job.automation_id != automation_id or job.params != params:
+def _replayed(job: Job, automation_id: int, params: dict[str, Any], rerun_of: Job | None) -> Job:
+    # A re-run and a new request for the same automation and params are two requests.
+    if (
+        job.automation_id != automation_id
+        or job.params != params
+        or job.rerun_of_id != (rerun_of.pk if rerun_of is not None else None)
+    ):
         raise Conflict(
             "This idempotency key was used for another request.",
             code="idempotency_key_reused",

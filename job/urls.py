@@ -1,7 +1,7 @@
 from django.urls import path
 
 from common.urls import member_actions
-from job.api.people import JobCancelApi, JobDetailApi, JobsApi
+from job.api.people import JobCancelApi, JobDetailApi, JobRerunApi, JobsApi
 from job.api.workers import (
     JobCompleteApi,
     JobFailApi,
@@ -18,6 +18,7 @@ urlpatterns = [
         "job",
         {
             "cancel": JobCancelApi,
+            "rerun": JobRerunApi,
             "start": JobStartApi,
             "heartbeat": JobHeartbeatApi,
             "complete": JobCompleteApi,

@@ -1,4 +1,4 @@
-"""The jobs API for people of a tenant: trigger, list, read, cancel."""
+"""The jobs API for people of a tenant: trigger, list, read, cancel, re-run."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from common.schema import error_response
 from identity.permissions import IsTenantMember
 from job.api.serializers import JobCreateInput, JobListFilters, JobOutput
 from job.selectors import job_get, job_list, job_public
-from job.services import job_cancel, job_create
+from job.services import job_cancel, job_create, job_rerun
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
@@ -31,6 +31,23 @@ def idempotency_key_of(request) -> str | None:
             code="invalid_idempotency_key",
         )
     return key
+
+
+def _idempotency_parameter() -> OpenApiParameter:
+    return OpenApiParameter(
+        IDEMPOTENCY_HEADER,
+        str,
+        OpenApiParameter.HEADER,
+        required=False,
+        description="Any string up to 255 characters, unique per request you mean.",
+    )
+
+
+def _created(job, created: bool) -> Response:
+    """The new job (201), or the one a repeated request created (200)."""
+    return Response(
+        job_public(job), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    )
 
 
 class JobsApi(GenericAPIView):
@@ -61,15 +78,7 @@ class JobsApi(GenericAPIView):
             f"With an `{IDEMPOTENCY_HEADER}` header, repeating the request returns the job "
             "it created (200) instead of creating another."
         ),
-        parameters=[
-            OpenApiParameter(
-                IDEMPOTENCY_HEADER,
-                str,
-                OpenApiParameter.HEADER,
-                required=False,
-                description="Any string up to 255 characters, unique per request you mean.",
-            )
-        ],
+        parameters=[_idempotency_parameter()],
         request=JobCreateInput,
         responses={
             201: JobOutput,
@@ -93,9 +102,7 @@ class JobsApi(GenericAPIView):
             requested_by=request.user,
             idempotency_key=idempotency_key_of(request),
         )
-        return Response(
-            job_public(job), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
-        )
+        return _created(job, created)
 
 
 class JobDetailApi(APIView):
@@ -137,3 +144,44 @@ class JobCancelApi(APIView):
     def post(self, request, job_id: int):
         job = job_cancel(tenant=request.user.tenant_id, job_id=job_id, actor=request.user)
         return Response(job_public(job))
+
+
+class JobRerunApi(APIView):
+    # As POST /jobs: whoever may trigger a job may run one again.
+    permission_classes = [IsTenantMember]
+
+    @extend_schema(
+        operation_id="jobs_rerun",
+        summary="Run a finished job again",
+        description=(
+            "Creates a new job `pending` of the finished job's automation with its params, "
+            "`rerun_of` naming it, exactly as `POST /jobs` would create it: checked against "
+            "the automation as it is now (active, its parameter schema of today), with "
+            f"`JobCreated` recorded in the same transaction. With an `{IDEMPOTENCY_HEADER}` "
+            "header, repeating the request returns the job it created (200)."
+        ),
+        parameters=[_idempotency_parameter()],
+        request=None,
+        responses={
+            201: JobOutput,
+            200: OpenApiResponse(JobOutput, description="A repeated request: the same job."),
+            400: error_response(
+                "`invalid_params`, `params_too_large` (the params against the automation's "
+                "schema of today), `invalid_idempotency_key`."
+            ),
+            404: error_response("`job_not_found` (also another tenant's job)."),
+            409: error_response(
+                "`job_not_finished` (pending or running), `automation_inactive`, "
+                "`automation_misconfigured` (its parameter schema is broken), "
+                "`idempotency_key_reused`."
+            ),
+        },
+    )
+    def post(self, request, job_id: int):
+        job, created = job_rerun(
+            tenant=request.user.tenant,
+            job_id=job_id,
+            requested_by=request.user,
+            idempotency_key=idempotency_key_of(request),
+        )
+        return _created(job, created)

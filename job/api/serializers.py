@@ -101,6 +101,13 @@ class JobOutput(serializers.ModelSerializer):
             "for a schedule's run; null otherwise."
         ),
     )
+    rerun_of = serializers.IntegerField(
+        source="rerun_of_id",
+        allow_null=True,
+        read_only=True,
+        help_text="The id of the finished job this one runs again (POST /jobs/{id}/rerun); "
+        "null otherwise.",
+    )
     cancel_requested = serializers.BooleanField(read_only=True)
     result = serializers.JSONField(allow_null=True, read_only=True)
     params = JSONObjectField(read_only=True)

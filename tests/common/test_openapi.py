@@ -50,6 +50,8 @@ def test_every_error_answer_is_documented_in_the_error_format(schema):
         # Query filters, no body.
         ("GET", "/api/v1/jobs", {"400", "401", "403"}),
         ("GET", "/api/v1/jobs/{job_id}", {"401", "403", "404"}),
+        # No body; the refusals of POST /jobs, and a job to find.
+        ("POST", "/api/v1/jobs/{job_id}/rerun", {"400", "401", "403", "404", "409"}),
         # Throttled, and no authentication to fail.
         ("POST", "/api/v1/auth/login", {"400", "401", "403", "413", "415", "429"}),
         # Any person may: no 403; nothing to look up: no 404; no input: no 400.
@@ -74,5 +76,5 @@ def test_what_is_always_an_object_or_may_be_null_is_documented_so(schema):
         assert components[component]["properties"]["params"]["type"] == "object", component
     job = components["JobOutput"]["properties"]
     assert job["failure_reason"]["nullable"] is True
-    for nullable in ("requested_by", "result", "progress", "exit_code", "started_at"):
+    for nullable in ("requested_by", "rerun_of", "result", "progress", "exit_code", "started_at"):
         assert job[nullable]["nullable"] is True, nullable

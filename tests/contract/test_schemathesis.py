@@ -8,9 +8,9 @@ no 5xx, with a documented status code, content type and body.
 
 Random ids would mostly find nothing: each example is also sent with the ids of its path
 and body pointing at rows seeded for the test (a tenant and its people, a sector, an
-automation with its worker, a pending job, a running job and its claim token), so that the
-deep paths (a job's creation, claim and reports, a user's registration and update, an
-automation's deactivation) are reached as well.
+automation with its worker, a pending job, a running job and its claim token, a finished
+job), so that the deep paths (a job's creation, claim, reports and re-run, a user's
+registration and update, an automation's deactivation) are reached as well.
 
 Bounded (few examples, derandomized, no shrinking) so that it stays a few minutes of CI.
 """
@@ -72,6 +72,8 @@ class Seeded:
     ids: dict[str, object]
     # The worker's reports (heartbeat, complete, fail) go to a running job, with its claim.
     running_job_id: int
+    # A re-run is of a finished job.
+    finished_job_id: int
 
     def point_at_seeded_rows(self, case) -> bool:
         """Make the case's ids name the seeded rows; whether anything changed."""
@@ -79,6 +81,8 @@ class Seeded:
         ids = dict(self.ids)
         if case.path.endswith(("/heartbeat", "/complete", "/fail")):
             ids["job_id"] = self.running_job_id
+        if case.path.endswith("/rerun"):
+            ids["job_id"] = self.finished_job_id
         for name, value in case.path_parameters.items():
             if name in ids and isinstance(value, int) and value != ids[name]:
                 case.path_parameters[name] = ids[name]
@@ -116,6 +120,9 @@ def seeded(settings) -> Seeded:
     automation = AutomationWithWorkerFactory(sector=sector, max_concurrency=5)
     pending = JobFactory(tenant=tenant, automation=automation, requested_by=member)
     running = RunningJobFactory(tenant=tenant, automation=automation, requested_by=member)
+    finished = JobFactory(
+        tenant=tenant, automation=automation, requested_by=member, status="succeeded"
+    )
     schedule = schedule_create(
         tenant=tenant, actor=manager, automation_id=automation.pk, name="nightly", cron="0 6 * * *"
     )
@@ -147,6 +154,7 @@ def seeded(settings) -> Seeded:
             "claim_token": str(running.claim_token),
         },
         running_job_id=running.pk,
+        finished_job_id=finished.pk,
     )
 
 

@@ -21,6 +21,7 @@ def test_the_schema_documents_every_jobs_endpoint_with_its_authentication():
         ("/api/v1/jobs", "post"),
         ("/api/v1/jobs/{job_id}", "get"),
         ("/api/v1/jobs/{job_id}/cancel", "post"),
+        ("/api/v1/jobs/{job_id}/rerun", "post"),
     }
     workers = {
         ("/api/v1/worker/jobs", "get"),
@@ -33,6 +34,11 @@ def test_the_schema_documents_every_jobs_endpoint_with_its_authentication():
         assert method in paths.get(path, {}), f"{method.upper()} {path} is not documented"
     for path, method in workers:
         assert paths[path][method]["security"] == [{"workerCredential": []}]
+    for path, method in people:
+        assert paths[path][method]["security"] == [{"accessToken": []}]
+    rerun = paths["/api/v1/jobs/{job_id}/rerun"]["post"]
+    assert {"200", "201", "404", "409"} <= set(rerun["responses"])
+    assert "Idempotency-Key" in {parameter["name"] for parameter in rerun["parameters"]}
     assert "409" in paths["/api/v1/jobs/{job_id}/start"]["post"]["responses"]
     listing = paths["/api/v1/jobs"]["get"]["responses"]["200"]["content"]["application/json"]
     page = schema["components"]["schemas"][listing["schema"]["$ref"].rsplit("/", 1)[1]]
@@ -47,7 +53,9 @@ def test_the_schema_documents_the_output_both_reports_carry():
         body = schema["paths"][f"/api/v1/jobs/{{job_id}}/{action}"]["post"]["requestBody"]
         ref = body["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1]
         assert {"claim_token", "output_tail", "exit_code"} <= set(components[ref]["properties"])
-    assert {"output_tail", "exit_code", "result"} <= set(components["JobOutput"]["properties"])
+    assert {"output_tail", "exit_code", "result", "rerun_of"} <= set(
+        components["JobOutput"]["properties"]
+    )
 
 
 def plan_of(queryset) -> str:
@@ -119,3 +127,14 @@ def test_the_monitors_reads_walk_the_partial_indexes():
     assert "jobs_pending_poll_idx" in plan_of(stale_pending)
     assert "jobs_running_idx" in plan_of(expired)
     assert "jobs_running_idx" in plan_of(busy)
+
+
+def test_a_jobs_reruns_are_read_from_the_index_of_reruns(user):
+    old = JobFactory(tenant=user.tenant, status="failed")
+    JobFactory(tenant=user.tenant, rerun_of=old)
+
+    # The admin's link from a job's page to its re-runs.
+    queryset = Job.objects.filter(rerun_of=old.pk).order_by("-created_at", "-id")
+
+    assert "jobs_rerun_of_idx" in plan_of(queryset.values("id"))
+    assert queryset.count() == 1
