@@ -1,11 +1,13 @@
-"""Jobs in the operators' console: find the stuck and the failed, cancel through the service.
+"""Jobs in the operators' console: find the stuck and the failed, cancel or re-run them
+through the services.
 
 Jobs change only through ``job.services`` (which records their events): the pages are
-read-only and the one change offered, cancelling, goes through ``job_cancel``, as an
-action on the list or the Cancel button of a job's page. A job's page links to what it
-caused (its events, its task runs, its webhook deliveries) and to what started it (a
-schedule's due time); the modules above the jobs add their links (``job_page_links``).
-There is no re-run: no service starts a finished job again.
+read-only and the two operations offered go through the services the API calls: cancelling
+(``job_cancel``) and running a finished job again as a new job (``job_rerun``), each as an
+action on the list or a button of a job's page. A job's page links to what it caused (its
+events, its task runs, its webhook deliveries, its re-runs) and to what started it (a
+schedule's due time, the job it re-runs); the modules above the jobs add their links
+(``job_page_links``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from common.admin import (
 )
 from common.errors import DomainError
 from job.models import Job
-from job.services import job_cancel
+from job.services import job_cancel, job_rerun
 from outbox.console import job_correlation_id
 
 # Links of a job's page given by the modules above the jobs (webhook deliveries, the
@@ -71,7 +73,7 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     ordering = ("-created_at", "-id")
     # Counting a long history on every page is slow; the pages do not need it.
     show_full_result_count = False
-    actions = ("cancel",)
+    actions = ("cancel", "rerun")
     change_form_template = "admin/job/job/change_form.html"
     fieldsets = (
         (
@@ -84,6 +86,7 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
                     "automation_link",
                     "requested_by",
                     "started_by",
+                    "rerun_of_link",
                     "attempt",
                     "correlation_id",
                     "links",
@@ -129,7 +132,12 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
             self.admin_site.admin_view(self.cancel_view),
             name="job_job_cancel",
         )
-        return [cancel, *super().get_urls()]
+        rerun = path(
+            "<int:object_id>/rerun/",
+            self.admin_site.admin_view(self.rerun_view),
+            name="job_job_rerun",
+        )
+        return [cancel, rerun, *super().get_urls()]
 
     # --- the list -----------------------------------------------------------------------
 
@@ -169,6 +177,13 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
             return pretty_json(job.triggered_by)
         return "a request" if job.requested_by_id else "—"
 
+    @admin.display(description="re-run of")
+    def rerun_of_link(self, job: Job) -> str:
+        if job.rerun_of_id is None:
+            return "—"
+        url = _change_url("job_job", job.rerun_of_id)
+        return format_html('<a href="{}">job {}</a>', url, job.rerun_of_id)
+
     @admin.display(description="correlation id")
     def correlation_id(self, job: Job) -> str:
         """The id of the request that created it: its log lines and messages carry it."""
@@ -195,6 +210,11 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
                 urlencode({"aggregate_type": "Job", "q": str(job.pk)}),
             ),
             format_html('<a href="{}?{}">its task runs</a>', runs, urlencode({"job": job.pk})),
+            format_html(
+                '<a href="{}?{}">its re-runs</a>',
+                reverse("admin:job_job_changelist"),
+                urlencode({"rerun_of": job.pk}),
+            ),
         ]
         given = [link for links in JOB_PAGE_LINKS for link in links(job.pk)]
         return format_html_join(" · ", "{}", ((link,) for link in [*own, *given]))
@@ -225,6 +245,9 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
             and not obj.is_finished
             and not obj.cancel_requested
             and self.has_cancel_permission(request)
+        )
+        context["rerun_offered"] = (
+            obj is not None and obj.is_finished and self.has_rerun_permission(request)
         )
         return super().render_change_form(request, context, add, change, form_url, obj)
 
@@ -268,3 +291,43 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
                 f"{asked} running job(s) asked to stop: each is canceled when its worker stops it.",
                 messages.SUCCESS,
             )
+
+    # --- running again ------------------------------------------------------------------
+
+    def has_rerun_permission(self, request) -> bool:
+        return self.may_operate(request)
+
+    def rerun_view(self, request, object_id: int):
+        """The Run again button of a job's page (a POST), through the same service; the
+        page of the new job follows."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_rerun_permission(request):
+            raise PermissionDenied
+        job = get_object_or_404(Job.objects.select_related("tenant"), pk=object_id)
+        created = self._rerun_each(request, [job])
+        return HttpResponseRedirect(_change_url("job_job", created[0] if created else job.pk))
+
+    @admin.action(description="Run the selected finished jobs again", permissions=["rerun"])
+    def rerun(self, request, queryset) -> None:
+        """Each finished job becomes a new pending job of its automation with its params,
+        requested by the operator; an unfinished one is refused."""
+        self._rerun_each(request, queryset.select_related("tenant").order_by("pk"))
+
+    def _rerun_each(self, request, jobs) -> list[int]:
+        created = []
+        for job in jobs:
+            try:
+                rerun, _ = job_rerun(tenant=job.tenant, job_id=job.pk, requested_by=request.user)
+            except DomainError as refusal:
+                self.message_user(request, f"Job {job.pk}: {refusal.message}", messages.WARNING)
+                continue
+            created.append(rerun.pk)
+        if created:
+            self.message_user(
+                request,
+                f"{len(created)} job(s) run again, as job(s) "
+                f"{', '.join(str(pk) for pk in created)}.",
+                messages.SUCCESS,
+            )
+        return created

@@ -224,3 +224,96 @@ def test_staff_without_the_change_permission_get_no_cancel_button(client, tenant
     assert client.post(f"/admin/job/job/{job.pk}/cancel/").status_code == 403
     job.refresh_from_db()
     assert job.status == Job.Status.PENDING
+
+
+# --- running again ----------------------------------------------------------------------
+
+
+def test_run_again_goes_through_the_service_for_the_finished_jobs_only(
+    admin_site, tenant, platform_admin
+):
+    automation = AutomationWithWorkerFactory()
+    finished = failed_job(tenant, automation)
+    pending = create_job(tenant, automation)
+
+    response = admin_site.post(
+        CHANGELIST, {"action": "rerun", "_selected_action": [finished.pk, pending.pk]}, follow=True
+    )
+
+    (new,) = Job.objects.filter(rerun_of=finished)
+    texts = [str(message) for message in response.context["messages"]]
+    assert f"1 job(s) run again, as job(s) {new.pk}." in texts
+    assert any(f"Job {pending.pk}: The job has not finished" in text for text in texts)
+    assert not Job.objects.filter(rerun_of=pending).exists()
+    assert new.status == Job.Status.PENDING
+    assert (new.tenant_id, new.automation_id, new.params) == (tenant.pk, automation.pk, {})
+    assert new.requested_by_id == platform_admin.pk
+    (created,) = Event.objects.filter(type="JobCreated", aggregate_id=str(new.pk))
+    assert created.actor == f"user:{platform_admin.pk}"
+    assert created.payload["rerun_of"] == finished.pk
+
+
+def test_the_run_again_button_of_a_finished_jobs_page_opens_the_new_job(admin_site, tenant):
+    automation = AutomationWithWorkerFactory()
+    finished = failed_job(tenant, automation)
+    page = admin_site.get(f"{CHANGELIST}{finished.pk}/change/").content.decode()
+    assert "Run this job again" in page
+    assert f'action="/admin/job/job/{finished.pk}/rerun/"' in page
+
+    response = admin_site.post(f"/admin/job/job/{finished.pk}/rerun/")
+
+    (new,) = Job.objects.filter(rerun_of=finished)
+    assert response.status_code == 302
+    assert response["Location"] == f"/admin/job/job/{new.pk}/change/"
+    page = admin_site.get(response["Location"]).content.decode()
+    # The new job links to the one it runs again, which lists its re-runs.
+    assert f'<a href="/admin/job/job/{finished.pk}/change/">job {finished.pk}</a>' in page
+    assert "Run this job again" not in page  # pending
+    old_page = admin_site.get(f"{CHANGELIST}{finished.pk}/change/").content.decode()
+    reruns = re.search(r'href="(/admin/job/job/\?rerun_of=\d+)">its re-runs', old_page).group(1)
+    assert listed(admin_site.get(reruns)) == {new.pk}
+    # A GET changes nothing.
+    assert admin_site.get(f"/admin/job/job/{finished.pk}/rerun/").status_code == 405
+    assert Job.objects.filter(rerun_of=finished).count() == 1
+
+
+def test_run_again_is_refused_for_a_job_of_an_inactive_tenant_or_automation(
+    admin_site, tenant, other_tenant
+):
+    automation = AutomationWithWorkerFactory()
+    of_inactive_tenant = failed_job(other_tenant, automation)
+    other_tenant.is_active = False
+    other_tenant.save(update_fields=["is_active"])
+    inactive_automation = AutomationWithWorkerFactory()
+    of_inactive_automation = failed_job(tenant, inactive_automation)
+    inactive_automation.is_active = False
+    inactive_automation.save(update_fields=["is_active"])
+
+    response = admin_site.post(
+        CHANGELIST,
+        {
+            "action": "rerun",
+            "_selected_action": [of_inactive_tenant.pk, of_inactive_automation.pk],
+        },
+        follow=True,
+    )
+
+    texts = [str(message) for message in response.context["messages"]]
+    assert f"Job {of_inactive_tenant.pk}: The job's tenant is inactive." in texts
+    assert f"Job {of_inactive_automation.pk}: The automation is inactive." in texts
+    assert not Job.objects.filter(rerun_of__isnull=False).exists()
+
+
+def test_staff_without_the_change_permission_cannot_run_a_job_again(client, tenant):
+    staff = UserFactory(tenant=None, is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(staff)
+    job = failed_job(tenant, AutomationWithWorkerFactory())
+
+    response = client.get(CHANGELIST)
+    action_form = response.context["action_form"]
+    assert action_form is None or "rerun" not in dict(action_form.fields["action"].choices)
+    client.post(CHANGELIST, {"action": "rerun", "_selected_action": [job.pk]})
+    assert "Run this job again" not in client.get(f"{CHANGELIST}{job.pk}/change/").content.decode()
+    assert client.post(f"/admin/job/job/{job.pk}/rerun/").status_code == 403
+    assert not Job.objects.filter(rerun_of=job).exists()
