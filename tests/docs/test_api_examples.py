@@ -1,5 +1,6 @@
-"""The authentication examples of docs/api.md work as written against the real API, in bash
-and zsh: a platform admin logs in, reads /me with the access token, and refreshes."""
+"""The examples of docs/api.md work as written against the real API, in bash and zsh: a
+platform admin logs in, reads /me with the access token, and refreshes; a person runs a
+finished job again."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.contrib.auth import get_user_model
 
 from tests.docs.test_readme import section
 from tests.docs.test_webhooks_examples import code_blocks
+from tests.factories import JobFactory, UserFactory, bearer
 from tests.schedule.test_readme import json_values
 
 PAGE = "docs/api.md"
@@ -54,3 +56,22 @@ def test_the_authentication_examples_run_as_written(shell, live_server, tmp_path
     assert me["email"] == "admin@example.com"
     assert refreshed["refresh_token"] != tokens["refresh_token"]
     assert refreshed["access_token"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_the_rerun_example_runs_as_written_and_its_repeat_returns_the_same_job(
+    shell, live_server, tmp_path
+):
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    person = UserFactory()
+    job = JobFactory(tenant=person.tenant, status="succeeded", params={"name": "Ada"})
+    [example] = code_blocks(section(PAGE, "## Jobs"))
+    environment = {"TOKEN": bearer(person).removeprefix("Bearer "), "JOB": str(job.pk)}
+
+    [rerun] = run(shell, example, live_server.url, tmp_path, **environment)
+    [again] = run(shell, example, live_server.url, tmp_path, **environment)
+
+    assert rerun["rerun_of"] == job.pk and rerun["params"] == {"name": "Ada"}
+    assert again == rerun
