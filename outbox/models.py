@@ -281,12 +281,34 @@ class Event(models.Model):
                 condition=jsonb_typeof_is("payload", "object"), name="events_payload_check"
             ),
         ]
+        # GET /events (``outbox.selectors.event_list``) reads the trail newest first by id,
+        # keyset-paginated on it: each filter has an index ending in id, one with the tenant
+        # first for a tenant's list and one without for a platform admin's, so a page reads
+        # its rows and stops however deep it is. A time range becomes an id range
+        # (``events_occurred_idx``), which each of these indexes bounds.
         indexes = [
-            # "What happened to this job / automation?"
+            # "What happened to this job / automation?"; GET /events?aggregate_type=&
+            # aggregate_id= (an aggregate is one tenant's or the platform's, so a tenant's
+            # list only checks the tenant of that aggregate's few rows).
             models.Index(
                 fields=["aggregate_type", "aggregate_id", "id"], name="events_aggregate_idx"
             ),
+            # A tenant's list with no filter (or a time range only).
             models.Index(fields=["tenant", "id"], name="events_tenant_idx"),
+            # GET /events?type=, a tenant's and across tenants.
+            models.Index(fields=["tenant", "type", "id"], name="events_tenant_type_idx"),
+            models.Index(fields=["type", "id"], name="events_type_idx"),
+            # GET /events?actor=.
+            models.Index(fields=["tenant", "actor", "id"], name="events_tenant_actor_idx"),
+            models.Index(fields=["actor", "id"], name="events_actor_idx"),
+            # GET /events?aggregate_type= alone.
+            models.Index(
+                fields=["tenant", "aggregate_type", "id"], name="events_tenant_agg_type_idx"
+            ),
+            models.Index(fields=["aggregate_type", "id"], name="events_agg_type_idx"),
+            # occurred_after / occurred_before: the id of the last event before a time, or of
+            # the first after it, one row read.
+            models.Index(fields=["occurred_at", "id"], name="events_occurred_idx"),
         ]
 
     def __str__(self) -> str:
