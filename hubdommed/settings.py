@@ -315,6 +315,7 @@ SPECTACULAR_SETTINGS = {
         {"name": "jobs", "description": "Runs of an automation, from request to result."},
         {"name": "schedules", "description": "Jobs started on a cron calendar."},
         {"name": "webhooks", "description": "Endpoints told of jobs' events, and deliveries."},
+        {"name": "events", "description": "The audit trail: what happened, who did it, when."},
         {"name": "worker", "description": "The automation's worker: poll, claim, report."},
     ],
     # Swagger UI and Redoc from the API's own static files (drf-spectacular-sidecar): the

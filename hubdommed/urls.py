@@ -31,6 +31,7 @@ api_v1 = [
     path("", include("job.urls")),
     path("", include("schedule.urls")),
     path("", include("webhook.urls")),
+    path("", include("outbox.urls")),
 ]
 
 urlpatterns = [

@@ -50,6 +50,8 @@ def test_every_error_answer_is_documented_in_the_error_format(schema):
         # Query filters, no body.
         ("GET", "/api/v1/jobs", {"400", "401", "403"}),
         ("GET", "/api/v1/jobs/{job_id}", {"401", "403", "404"}),
+        # Query filters and a cursor; managers and platform admins only.
+        ("GET", "/api/v1/events", {"400", "401", "403"}),
         # No body; the refusals of POST /jobs, and a job to find.
         ("POST", "/api/v1/jobs/{job_id}/rerun", {"400", "401", "403", "404", "409"}),
         # Throttled, and no authentication to fail.
