@@ -76,3 +76,70 @@ def test_the_walkthrough_runs_as_written(shell, live_server, settings, tmp_path)
     assert done.returncode == 0, done.stderr
     job = json.loads(done.stdout)
     assert job["status"] == "pending" and job["params"] == {"name": "Ada"}
+
+
+def again() -> str:
+    return shell_script("README.md", "## Again, and who did what")
+
+
+def json_documents(text: str) -> list:
+    """The JSON documents printed one after another (curl adds no newline)."""
+    decoder, documents, at = json.JSONDecoder(), [], 0
+    while text[at:].strip():
+        at += len(text[at:]) - len(text[at:].lstrip())
+        document, at = decoder.raw_decode(text, at)
+        documents.append(document)
+    return documents
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_the_walkthrough_s_rerun_and_trail_run_as_written(shell, live_server, settings, tmp_path):
+    from job.models import Job
+    from job.services import job_claim, job_complete
+
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    login = tmp_path / "demo-login.txt"
+    settings.DEMO_LOGIN_FILE = str(login)
+    call_command("seed_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
+
+    def run(script: str) -> str:
+        script = script.replace("var/demo-login.txt", str(login))
+        script = script.replace("http://127.0.0.1:8000", live_server.url)
+        done = subprocess.run(
+            [shell, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    run(walkthrough() + '\necho "$JOB" > job.txt; echo "$TOKEN" > token.txt\n')
+    first = Job.objects.get(pk=int((tmp_path / "job.txt").read_text()))
+    # The automation's worker, as make run would have it: the job claimed and reported.
+    claimed = job_claim(worker=first.automation.worker, job_id=first.pk)
+    job_complete(
+        worker=first.automation.worker,
+        job_id=first.pk,
+        claim_token=claimed.claim_token,
+        result={},
+        output_tail="hello, Ada!\n",
+        exit_code=0,
+    )
+
+    rerun, trail = json_documents(run("JOB=$(cat job.txt); TOKEN=$(cat token.txt)\n" + again()))
+
+    assert rerun["rerun_of"] == first.pk and rerun["id"] != first.pk
+    assert rerun["status"] == "pending" and rerun["params"] == {"name": "Ada"}
+    assert [event["type"] for event in trail["results"]] == [
+        "JobCompleted",
+        "JobStarted",
+        "JobCreated",
+    ]
+    assert {event["aggregate"]["id"] for event in trail["results"]} == {str(first.pk)}
+    worker = f"worker:{first.automation.worker.pk}"
+    assert [event["actor"] for event in trail["results"]] == [
+        worker,
+        worker,
+        f"user:{first.requested_by_id}",
+    ]
+    assert trail["results"][-1]["correlation_id"]  # the POST's request id
