@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import QuerySet
+from django.db.models import BooleanField, Case, ExpressionWrapper, Q, QuerySet, Value, When
 
 from common.queries import narrowed
 from outbox.models import Event
@@ -54,7 +54,7 @@ def event_list(
 
     Each filter alone is served in that order by an index of ``Event.Meta.indexes``, so a
     page reads about its own rows at any depth. ``occurred_after`` (inclusive) and
-    ``occurred_before`` (exclusive) are also an id range, read first (one index row for
+    ``occurred_before`` (exclusive) are also an id range, read first (two index rows for
     each bound), which every one of those indexes bounds. Several ``types`` are not in one
     index's order: the planner reads each type's matches and sorts them, or walks the ids
     and skips the other types.
@@ -69,42 +69,65 @@ def event_list(
     if types:
         queryset = queryset.filter(type__in=types)
     if occurred_after is not None:
+        below = _last_id_before(occurred_after - ID_ORDER_SKEW)
+        surely_in = _first_id_from(occurred_after + ID_ORDER_SKEW)
         queryset = queryset.filter(
-            occurred_at__gte=occurred_after, id__gt=_id_below_every_event_from(occurred_after)
+            _time_checked(
+                Q(occurred_at__gte=occurred_after),
+                holds_for=None if surely_in is None else Q(id__gte=surely_in),
+            ),
+            id__gt=below if below is not None else 0,
         )
     if occurred_before is not None:
+        above = _first_id_from(occurred_before + ID_ORDER_SKEW)
+        surely_in = _last_id_before(occurred_before - ID_ORDER_SKEW)
         queryset = queryset.filter(
-            occurred_at__lt=occurred_before, id__lt=_id_above_every_event_until(occurred_before)
+            _time_checked(
+                Q(occurred_at__lt=occurred_before),
+                holds_for=None if surely_in is None else Q(id__lte=surely_in),
+            ),
+            id__lt=above if above is not None else _ABOVE_EVERY_ID,
         )
     return queryset.order_by("-id")
 
 
-# The bounds are read first, each one row of ``events_occurred_idx``, and given to the
-# list's statement as numbers: the planner then knows how many ids the range holds and
-# walks the list's index through it. (As subqueries of that statement their values are
-# unknown when it is planned, and it read a tenant's range through the time index
-# instead, every event of the range sorted.)
+# A time range as an id range: the ids of the events written more than ``ID_ORDER_SKEW``
+# before and after each bound, each read first (one row of ``events_occurred_idx``) and
+# given to the list's statement as numbers. Beyond the outer ones no event can be in the
+# range, within the inner ones every event is: only the ids between them (the few minutes
+# around each bound) have their time compared. Said so, the time is no second condition
+# to the planner, as narrow as the ids and independent of them (it multiplied the two and
+# expected a handful of rows, then sorted every match of a filter over the range instead
+# of walking its index: 34 ms for a platform admin's JobFailed of the last 7 days at ten
+# million events).
 
 
-def _id_below_every_event_from(moment: datetime) -> int:
-    """An id below that of every event at or after ``moment``: the id of an event written
-    more than ``ID_ORDER_SKEW`` before it (the latest such), or 0 if there is none."""
-    earlier = (
-        Event.objects.filter(occurred_at__lt=moment - ID_ORDER_SKEW)
+def _time_checked(condition: Q, *, holds_for: Q | None) -> Q | Case:
+    """``condition``, compared only where ``holds_for`` does not already settle it."""
+    if holds_for is None:
+        return condition
+    return Case(
+        When(holds_for, then=Value(True)),
+        default=ExpressionWrapper(condition, output_field=BooleanField()),
+        output_field=BooleanField(),
+    )
+
+
+def _last_id_before(moment: datetime) -> int | None:
+    """The id of the latest event before ``moment`` (the greatest id among ties)."""
+    return (
+        Event.objects.filter(occurred_at__lt=moment)
         .order_by("-occurred_at", "-id")
         .values_list("id", flat=True)
         .first()
     )
-    return earlier if earlier is not None else 0
 
 
-def _id_above_every_event_until(moment: datetime) -> int:
-    """An id above that of every event before ``moment``: the id of an event written more
-    than ``ID_ORDER_SKEW`` after it (the earliest such), or above every id if none is."""
-    later = (
-        Event.objects.filter(occurred_at__gte=moment + ID_ORDER_SKEW)
+def _first_id_from(moment: datetime) -> int | None:
+    """The id of the earliest event at or after ``moment`` (the smallest id among ties)."""
+    return (
+        Event.objects.filter(occurred_at__gte=moment)
         .order_by("occurred_at", "id")
         .values_list("id", flat=True)
         .first()
     )
-    return later if later is not None else _ABOVE_EVERY_ID
