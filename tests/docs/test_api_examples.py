@@ -1,6 +1,6 @@
 """The examples of docs/api.md work as written against the real API, in bash and zsh: a
 platform admin logs in, reads /me with the access token, and refreshes; a person runs a
-finished job again."""
+finished job again; a manager reads the events trail."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import subprocess
 import pytest
 from django.contrib.auth import get_user_model
 
+from tests.clients import client_of
 from tests.docs.test_readme import section
 from tests.docs.test_webhooks_examples import code_blocks
-from tests.factories import JobFactory, UserFactory, bearer
+from tests.factories import AutomationFactory, JobFactory, ManagerFactory, UserFactory, bearer
 from tests.schedule.test_readme import json_values
 
 PAGE = "docs/api.md"
@@ -75,3 +76,27 @@ def test_the_rerun_example_runs_as_written_and_its_repeat_returns_the_same_job(
 
     assert rerun["rerun_of"] == job.pk and rerun["params"] == {"name": "Ada"}
     assert again == rerun
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_the_events_example_runs_as_written_and_answers_as_shown(shell, live_server, tmp_path):
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    manager = ManagerFactory()
+    member = UserFactory(tenant=manager.tenant)
+    automation = AutomationFactory()
+    client_of(member).post("/api/v1/jobs", {"automation": automation.id}, format="json")
+    example, answer = code_blocks(section(PAGE, "## The events trail"))
+    environment = {"TOKEN": bearer(manager).removeprefix("Bearer ")}
+
+    [listed] = run(shell, example, live_server.url, tmp_path, **environment)
+
+    [shown] = json_values(answer)
+    (event,) = listed["results"]
+    assert event["type"] == "JobCreated" and event["actor"] == f"user:{member.id}"
+    assert set(listed) == set(shown)
+    assert set(event) == set(shown["results"][0])
+    assert set(event["aggregate"]) == set(shown["results"][0]["aggregate"])
+    # (A payload may grow a key; what the page shows must still be there.)
+    assert set(shown["results"][0]["payload"]) <= set(event["payload"])
