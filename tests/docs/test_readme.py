@@ -58,23 +58,38 @@ def walkthrough() -> str:
     return shell_script("README.md", "## Try it")
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("shell", ["bash", "zsh"])
-def test_the_walkthrough_runs_as_written(shell, live_server, settings, tmp_path):
+@pytest.fixture
+def demo_shell(request, live_server, settings, tmp_path):
+    """Runs a README script in the shell the test is for, as its reader would: against
+    the demo's data, the live server for ``make run``'s address, in a folder of its own;
+    its standard output."""
+    shell = request.param
     if shutil.which(shell) is None:
         pytest.skip(f"{shell} is not installed")
     login = tmp_path / "demo-login.txt"
     settings.DEMO_LOGIN_FILE = str(login)
     call_command("seed_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
-    script = walkthrough().replace("var/demo-login.txt", str(login))
-    script = script.replace("http://127.0.0.1:8000", live_server.url)
 
-    done = subprocess.run(
-        [shell, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
+    def run(script: str) -> str:
+        script = script.replace("var/demo-login.txt", str(login))
+        script = script.replace("http://127.0.0.1:8000", live_server.url)
+        done = subprocess.run(
+            [shell, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
 
-    assert done.returncode == 0, done.stderr
-    job = json.loads(done.stdout)
+    return run
+
+
+SHELLS = pytest.mark.parametrize("demo_shell", ["bash", "zsh"], indirect=True)
+
+
+@pytest.mark.django_db(transaction=True)
+@SHELLS
+def test_the_walkthrough_runs_as_written(demo_shell):
+    job = json.loads(demo_shell(walkthrough()))
+
     assert job["status"] == "pending" and job["params"] == {"name": "Ada"}
 
 
@@ -93,27 +108,12 @@ def json_documents(text: str) -> list:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("shell", ["bash", "zsh"])
-def test_the_walkthrough_s_rerun_and_trail_run_as_written(shell, live_server, settings, tmp_path):
+@SHELLS
+def test_the_walkthrough_s_rerun_and_trail_run_as_written(demo_shell, tmp_path):
     from job.models import Job
     from job.services import job_claim, job_complete
 
-    if shutil.which(shell) is None:
-        pytest.skip(f"{shell} is not installed")
-    login = tmp_path / "demo-login.txt"
-    settings.DEMO_LOGIN_FILE = str(login)
-    call_command("seed_demo", stdout=open("/dev/null", "w"))  # noqa: SIM115
-
-    def run(script: str) -> str:
-        script = script.replace("var/demo-login.txt", str(login))
-        script = script.replace("http://127.0.0.1:8000", live_server.url)
-        done = subprocess.run(
-            [shell, "-c", script], capture_output=True, text=True, timeout=60, cwd=tmp_path
-        )
-        assert done.returncode == 0, done.stderr
-        return done.stdout
-
-    run(walkthrough() + '\necho "$JOB" > job.txt; echo "$TOKEN" > token.txt\n')
+    demo_shell(walkthrough() + '\necho "$JOB" > job.txt; echo "$TOKEN" > token.txt\n')
     first = Job.objects.get(pk=int((tmp_path / "job.txt").read_text()))
     # The automation's worker, as make run would have it: the job claimed and reported.
     claimed = job_claim(worker=first.automation.worker, job_id=first.pk)
@@ -126,7 +126,9 @@ def test_the_walkthrough_s_rerun_and_trail_run_as_written(shell, live_server, se
         exit_code=0,
     )
 
-    rerun, trail = json_documents(run("JOB=$(cat job.txt); TOKEN=$(cat token.txt)\n" + again()))
+    rerun, trail = json_documents(
+        demo_shell("JOB=$(cat job.txt); TOKEN=$(cat token.txt)\n" + again())
+    )
 
     assert rerun["rerun_of"] == first.pk and rerun["id"] != first.pk
     assert rerun["status"] == "pending" and rerun["params"] == {"name": "Ada"}
