@@ -8,6 +8,8 @@ from drf_spectacular.views import (
 
 from common import health, metrics_endpoint
 from common.api import not_found_view
+from identity.permissions import IsTenantManagerOrPlatformAdmin
+from outbox.api import EventsApi
 from outbox.metrics import OutboxBacklogCollector
 
 
@@ -31,7 +33,13 @@ api_v1 = [
     path("", include("job.urls")),
     path("", include("schedule.urls")),
     path("", include("webhook.urls")),
-    path("", include("outbox.urls")),
+    # The outbox's events trail, for the readers identity names (the outbox stands below
+    # identity, so the two meet here).
+    path(
+        "events",
+        EventsApi.as_view(permission_classes=[IsTenantManagerOrPlatformAdmin]),
+        name="events",
+    ),
 ]
 
 urlpatterns = [

@@ -44,6 +44,20 @@ class IsTenantManager(IsTenantMember):
         return super().has_permission(request, view) and request.user.role == "manager"
 
 
+class IsTenantManagerOrPlatformAdmin(BasePermission):
+    """A manager of their tenant, or a platform admin: the readers of the events trail
+    (``GET /api/v1/events``). Managers, not every member: the trail tells what each of the
+    tenant's people did and carries the users' and webhook endpoints' events, which only
+    managers may list (``/users``, ``/webhooks``)."""
+
+    message = "Only tenant managers and platform admins may read the events."
+
+    def has_permission(self, request, view) -> bool:
+        return any(
+            rule().has_permission(request, view) for rule in (IsPlatformAdmin, IsTenantManager)
+        )
+
+
 class IsPerson(BasePermission):
     """Any authenticated person (not a worker)."""
 

@@ -8,7 +8,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from django.utils import timezone
+from rest_framework.test import APIRequestFactory, force_authenticate
 
+from outbox.api import EventsApi
 from outbox.models import Event
 from outbox.selectors import ID_ORDER_SKEW
 from tests.clients import client_of
@@ -259,6 +261,17 @@ def test_a_manager_of_a_deactivated_tenant_is_refused(manager, tenant):
     tenant.save(update_fields=["is_active"])
 
     assert client_of(manager).get(URL).status_code == 403
+
+
+def test_the_view_served_without_its_readers_refuses_even_a_platform_admin(platform_admin):
+    # Who may read the trail is given where its URL is served; a view served without it
+    # lets nobody in, not every authenticated caller.
+    request = APIRequestFactory().get(URL)
+    force_authenticate(request, user=platform_admin)
+
+    response = EventsApi.as_view()(request)
+
+    assert response.status_code == 403
 
 
 def test_a_job_created_through_the_api_appears_with_its_actor_and_correlation_id(api, tenant):
