@@ -248,6 +248,10 @@ JOB_PARAMS_VALIDATION_SECONDS = env.float(
 )
 JOB_RESULT_MAX_BYTES = env.int("JOB_RESULT_MAX_BYTES", default=256 * 1024, minimum=2)
 JOB_OUTPUT_TAIL_MAX_CHARS = env.int("JOB_OUTPUT_TAIL_MAX_CHARS", default=16 * 1024, minimum=1)
+# A running job's output as its worker sends it (POST /jobs/{id}/output): the most one
+# chunk may hold, and the most a job's stored log keeps (past it the oldest chunks go).
+JOB_OUTPUT_CHUNK_MAX_CHARS = env.int("JOB_OUTPUT_CHUNK_MAX_CHARS", default=64 * 1024, minimum=1)
+JOB_OUTPUT_MAX_CHARS = env.int("JOB_OUTPUT_MAX_CHARS", default=1_000_000, minimum=1)
 
 # --- Schedules (manage.py run_scheduler) ---------------------------------------------------
 # Seconds between the scheduler's cycles: how late a due run may start at most.

@@ -315,6 +315,11 @@ class Job(models.Model):
         if progress is not None:
             self.progress = progress
 
+    def check_output(self, claim_token: uuid.UUID) -> None:
+        """Only the worker holding the current claim sends output, while the job runs."""
+        self.check_claim(claim_token)
+        self._require_running()
+
     def complete(
         self,
         *,
@@ -456,3 +461,43 @@ class MonitorCycle(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ended {self.ended_at.isoformat()}"
+
+
+class JobOutputChunk(models.Model):
+    """A piece of a running job's output, as its worker sent it (POST /jobs/{id}/output).
+
+    A job's log is its chunks in ``offset`` order, over all its attempts. Offsets only grow
+    (the next chunk starts where the newest ends), so a reader's offset stays valid when
+    the oldest chunks are deleted to keep the log within JOB_OUTPUT_MAX_CHARS.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="+", db_index=False)
+    attempt = models.PositiveIntegerField()
+    # The worker's number of the chunk within the attempt (0, 1, 2...): a retried chunk
+    # is recognized by it and stored once.
+    seq = models.PositiveIntegerField()
+    # Characters of the job's log before this chunk (including those since deleted).
+    offset = models.BigIntegerField()
+    text = models.TextField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "job_output_chunks"
+        constraints = [
+            # job_output_append recognizes a retried chunk by it.
+            models.UniqueConstraint(
+                fields=["job", "attempt", "seq"], name="job_output_chunks_seq_unique"
+            ),
+        ]
+        indexes = [
+            # The reader's pages and the append's newest chunk.
+            models.Index(fields=["job", "offset"], name="job_output_chunks_offset_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} chunk {self.seq}"
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.text)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from job.models import Job, JobStatus
+from job.models import Job, JobOutputChunk, JobStatus
 
 # A job's public shape, in order: what the job API answers and a webhook's body carries.
 PUBLIC_FIELDS = (
@@ -211,3 +212,57 @@ def automation_ids_with_work() -> set[int]:
         .values_list("automation_id", flat=True)
         .distinct()
     }
+
+
+@dataclass(frozen=True)
+class OutputPage:
+    offset: int
+    next_offset: int
+    # The log's first offset still stored: what came before was deleted (0: nothing was).
+    dropped_before: int
+    text: str
+    # The job ended and this page reached the end of its log: no more will come.
+    finished: bool
+
+    @property
+    def dropped(self) -> int:
+        """Characters asked for (from ``offset``) that were deleted before this read."""
+        return max(0, self.dropped_before - self.offset)
+
+
+def job_output_page(*, job: Job, offset: int, limit: int) -> OutputPage:
+    """At most ``limit`` characters of the job's log from ``offset`` (or from its first
+    stored character, when those before were deleted)."""
+    chunks = JobOutputChunk.objects.filter(job=job)
+    first = chunks.order_by("offset").values_list("offset", flat=True).first() or 0
+    start = max(offset, first)
+    pieces: list[str] = []
+    size = 0
+    # The chunk holding ``start`` begins at most JOB_OUTPUT_CHUNK_MAX_CHARS before it, as
+    # does any chunk sent when that limit was higher: look at every chunk from the one
+    # before the window's start (the index job_output_chunks_offset_idx).
+    holding = (
+        chunks.filter(offset__lte=start)
+        .order_by("-offset")
+        .values_list("offset", flat=True)
+        .first()
+    )
+    window = chunks.filter(offset__gte=holding if holding is not None else start)
+    for chunk_offset, text in window.order_by("offset").values_list("offset", "text").iterator():
+        if chunk_offset + len(text) <= start:
+            continue
+        piece = text[max(0, start + size - chunk_offset) :][: limit - size]
+        pieces.append(piece)
+        size += len(piece)
+        if size >= limit:
+            break
+    newest = chunks.order_by("-offset").values_list("offset", "text").first()
+    log_end = newest[0] + len(newest[1]) if newest else 0
+    next_offset = start + size
+    return OutputPage(
+        offset=offset,
+        next_offset=next_offset,
+        dropped_before=first,
+        text="".join(pieces),
+        finished=job.is_finished and next_offset >= log_end,
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -27,7 +28,7 @@ from common import tracing
 from common.errors import Conflict, InvalidInput, NotFound
 from identity.selectors import tenant_is_active
 from job.metrics import count_claim_refusal, count_transition_on_commit
-from job.models import Job, JobEvent, JobStatus
+from job.models import Job, JobEvent, JobOutputChunk, JobStatus
 from job.selectors import (
     job_get,
     job_ids_unfinished_of,
@@ -318,6 +319,54 @@ def job_heartbeat(*, worker: Any, job_id: int, claim_token: uuid.UUID, progress:
     # After the commit: the worker's row is not part of the job's transaction.
     transaction.on_commit(lambda: worker_seen(worker_id=worker.pk))
     return job
+
+
+@dataclass(frozen=True)
+class OutputAppended:
+    chunk: JobOutputChunk
+    # False for a chunk stored before (a retried request): nothing was stored again.
+    stored: bool
+
+
+@transaction.atomic
+def job_output_append(
+    *, worker: Any, job_id: int, claim_token: uuid.UUID, seq: int, text: str
+) -> OutputAppended:
+    """Store a chunk of the running job's output, once per (job, attempt, seq).
+
+    The job's row lock orders the chunks: each starts where the newest ends. Chunks of an
+    attempt come in order (``seq`` one past the newest); a repeat of an earlier one stores
+    nothing. Past JOB_OUTPUT_MAX_CHARS, the oldest chunks are deleted (never the new one).
+    No event: output is no transition, and the outbox would carry every line of it.
+    """
+    job = _locked(Job.objects.filter(automation_id=worker.automation_id), job_id)
+    job.check_output(claim_token)
+    chunks = JobOutputChunk.objects.filter(job=job)
+    same = chunks.filter(attempt=job.attempt, seq=seq).first()
+    if same is not None:
+        return OutputAppended(same, stored=False)
+    newest_of_attempt = chunks.filter(attempt=job.attempt).order_by("-seq").first()
+    expected = 0 if newest_of_attempt is None else newest_of_attempt.seq + 1
+    if seq != expected:
+        raise Conflict(
+            f"Chunk {seq} comes out of order; the next one is {expected}.",
+            code="output_out_of_order",
+            details={"expected_seq": expected},
+        )
+    newest = chunks.order_by("-offset").first()
+    chunk = JobOutputChunk.objects.create(
+        job=job,
+        attempt=job.attempt,
+        seq=seq,
+        offset=0 if newest is None else newest.end,
+        text=text,
+    )
+    # Whatever starts before the window of the last JOB_OUTPUT_MAX_CHARS goes: the
+    # reader learns of it from the log's first offset (dropped_before).
+    chunks.filter(offset__lt=chunk.end - settings.JOB_OUTPUT_MAX_CHARS).exclude(
+        pk=chunk.pk
+    ).delete()
+    return OutputAppended(chunk, stored=True)
 
 
 @transaction.atomic

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from common.urls import member_actions
+from job.api.output import JobOutputApi
 from job.api.people import JobCancelApi, JobDetailApi, JobRerunApi, JobsApi
 from job.api.workers import (
     JobCompleteApi,
@@ -23,6 +24,7 @@ urlpatterns = [
             "heartbeat": JobHeartbeatApi,
             "complete": JobCompleteApi,
             "fail": JobFailApi,
+            "output": JobOutputApi,
         },
     ),
     path("worker/jobs", WorkerJobPollApi.as_view(), name="worker-jobs"),

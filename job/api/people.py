@@ -5,6 +5,7 @@ from __future__ import annotations
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
+from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -12,8 +13,14 @@ from common.api import NewestFirstCursorPagination, validated
 from common.errors import InvalidInput, NotFound
 from common.schema import error_response
 from identity.permissions import IsTenantMember
-from job.api.serializers import JobCreateInput, JobListFilters, JobOutput
-from job.selectors import job_get, job_list, job_public
+from job.api.serializers import (
+    JobCreateInput,
+    JobListFilters,
+    JobOutput,
+    OutputFilters,
+    OutputPageOutput,
+)
+from job.selectors import job_get, job_list, job_output_page, job_public
 from job.services import job_cancel, job_create, job_rerun
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -121,6 +128,63 @@ class JobDetailApi(APIView):
         if job is None:
             raise NotFound("There is no such job.", code="job_not_found")
         return Response(job_public(job))
+
+
+class OutputTextRenderer(BaseRenderer):
+    """A page of a job's log as plain text (``Accept: text/plain`` or ``?format=text``):
+    its text, after a line saying how much was deleted before it when some was."""
+
+    media_type = "text/plain"
+    format = "text"
+    charset = "utf-8"
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        dropped = max(0, data["dropped_before"] - data["offset"])
+        marker = f"[... {dropped} characters dropped ...]\n" if dropped else ""
+        return (marker + data["text"]).encode(self.charset)
+
+
+class JobOutputReadApi(APIView):
+    permission_classes = [IsTenantMember]
+    renderer_classes = [JSONRenderer, OutputTextRenderer]
+
+    @extend_schema(
+        operation_id="jobs_output",
+        summary="A page of a job's output, as its worker sent it",
+        description=(
+            "Read from `offset` 0, then from each page's `next_offset`, until `finished`. "
+            "A long log keeps its last characters only: `dropped_before` is its first "
+            "stored offset, and a page asked for before it starts there. Offsets never "
+            "change. With `Accept: text/plain` (or `?format=text`), the page's text alone, "
+            "after a line `[... N characters dropped ...]` when some were."
+        ),
+        parameters=[OutputFilters],
+        responses={
+            (200, "application/json"): OutputPageOutput,
+            (200, "text/plain"): OpenApiResponse(str, description="The page's text."),
+            400: error_response("A bad `offset` or `limit` (`invalid`)."),
+            404: error_response("`job_not_found` (also another tenant's job)."),
+        },
+    )
+    def get(self, request, job_id: int):
+        filters = validated(OutputFilters, request.query_params)
+        job = job_get(tenant=request.user.tenant_id, job_id=job_id)
+        if job is None:
+            raise NotFound("There is no such job.", code="job_not_found")
+        page = job_output_page(job=job, offset=filters["offset"], limit=filters["limit"])
+        return Response(
+            OutputPageOutput(
+                {
+                    "job": job.pk,
+                    "status": job.status,
+                    "offset": page.offset,
+                    "next_offset": page.next_offset,
+                    "dropped_before": page.dropped_before,
+                    "text": page.text,
+                    "finished": page.finished,
+                }
+            ).data
+        )
 
 
 class JobCancelApi(APIView):

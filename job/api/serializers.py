@@ -246,3 +246,65 @@ class FailInput(_ClaimInput):
         default=None,
         help_text="Defaults to exit_code when exit_code is non-zero, else error.",
     )
+
+
+class OutputInput(_ClaimInput):
+    seq = serializers.IntegerField(
+        min_value=0, help_text="The chunk's number in the attempt: 0, 1, 2... in order."
+    )
+    text = CommandOutputField(
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=settings.JOB_OUTPUT_CHUNK_MAX_CHARS,
+        help_text="What the command printed since the previous chunk.",
+    )
+
+
+class OutputAppendedOutput(serializers.Serializer):
+    job = serializers.IntegerField(source="chunk.job_id")
+    attempt = serializers.IntegerField(source="chunk.attempt")
+    seq = serializers.IntegerField(source="chunk.seq")
+    offset = serializers.IntegerField(
+        source="chunk.offset", help_text="Where the chunk starts in the job's log."
+    )
+    stored = serializers.BooleanField(
+        help_text="False when this chunk was stored before (a retried request)."
+    )
+
+
+# A reader's page of a job's log: by default, and at most.
+OUTPUT_PAGE_DEFAULT_CHARS = 64 * 1024
+OUTPUT_PAGE_MAX_CHARS = 1024 * 1024
+
+
+class OutputFilters(serializers.Serializer):
+    offset = serializers.IntegerField(
+        required=False,
+        default=0,
+        min_value=0,
+        help_text="Where to read from: 0, or the `next_offset` of the previous page.",
+    )
+    limit = serializers.IntegerField(
+        required=False,
+        default=OUTPUT_PAGE_DEFAULT_CHARS,
+        min_value=1,
+        max_value=OUTPUT_PAGE_MAX_CHARS,
+        help_text=f"The most characters to answer (default {OUTPUT_PAGE_DEFAULT_CHARS}).",
+    )
+
+
+class OutputPageOutput(serializers.Serializer):
+    job = serializers.IntegerField()
+    status = serializers.ChoiceField(choices=JobStatus.choices)
+    offset = serializers.IntegerField(help_text="The offset asked for.")
+    next_offset = serializers.IntegerField(help_text="The offset to ask for next.")
+    dropped_before = serializers.IntegerField(
+        help_text=(
+            "The log's first stored offset: what came before it was deleted to keep the "
+            "log within its limit (0 when nothing was)."
+        )
+    )
+    text = serializers.CharField()
+    finished = serializers.BooleanField(
+        help_text="The job ended and this page reached the end of its log."
+    )

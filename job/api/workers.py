@@ -28,11 +28,19 @@ from job.api.serializers import (
     FailInput,
     HeartbeatInput,
     HeartbeatOutput,
+    OutputAppendedOutput,
+    OutputInput,
     PendingJobOutput,
     PollFilters,
 )
 from job.selectors import jobs_pending_for
-from job.services import job_claim, job_complete, job_fail, job_heartbeat
+from job.services import (
+    job_claim,
+    job_complete,
+    job_fail,
+    job_heartbeat,
+    job_output_append,
+)
 
 if TYPE_CHECKING:
     from automation.models import Worker
@@ -196,3 +204,31 @@ class JobFailApi(_JobReportApi):
     report_input = FailInput
     report = staticmethod(job_fail)
     answer = ClaimedJobOutput
+
+
+class JobOutputAppendApi(WorkerApi):
+    # A command's output may hold any character: what text cannot store is replaced.
+    replace_unstorable_text = ("text",)
+
+    @change_schema(
+        OutputAppendedOutput,
+        request=OutputInput,
+        not_found=_NOT_FOUND,
+        conflicts=error_response(
+            "`stale_claim`, `already_finished`, `not_running` (as a heartbeat's), "
+            "`output_out_of_order` (not the attempt's next chunk: `details.expected_seq`). "
+            "Nothing is stored."
+        ),
+        operation_id="jobs_output_append",
+        tags=["worker"],
+        summary="Send a chunk of the running command's output",
+        description=(
+            "Chunks are numbered per attempt (`seq` 0, 1, 2...) and sent in order. Sending "
+            "a chunk again (a retry) is a 200 with `stored` false that stores nothing."
+        ),
+    )
+    def post(self, request, job_id: int):
+        data = validated(OutputInput, request.data)
+        appended = job_output_append(worker=request.user, job_id=job_id, **data)
+        # Every half second of a chatty command: its request line is logged at debug.
+        return log_quietly(Response(OutputAppendedOutput(appended).data))

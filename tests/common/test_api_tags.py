@@ -25,8 +25,14 @@ def test_every_operation_has_one_described_tag_and_the_api_has_several():
 
 def test_the_workers_calls_are_under_one_tag_and_peoples_under_their_resource():
     tags = operations()
-    for operation in ("worker_jobs_pending", "jobs_start", "jobs_heartbeat", "jobs_complete"):
+    for operation in (
+        "worker_jobs_pending",
+        "jobs_start",
+        "jobs_heartbeat",
+        "jobs_complete",
+        "jobs_output_append",
+    ):
         assert tags[operation] == ["worker"], operation
-    assert tags["jobs_create"] == ["jobs"]
+    assert tags["jobs_create"] == tags["jobs_output"] == ["jobs"]
     assert tags["schedules_create"] == ["schedules"]
     assert tags["webhooks_deliveries"] == ["webhooks"]

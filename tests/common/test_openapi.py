@@ -62,6 +62,9 @@ def test_every_error_answer_is_documented_in_the_error_format(schema):
         ("POST", "/api/v1/jobs/{job_id}/start", {"401", "404", "409"}),
         ("POST", "/api/v1/jobs/{job_id}/heartbeat", {"400", "401", "404", "409", "413", "415"}),
         ("GET", "/api/v1/worker/jobs", {"400", "401"}),
+        # One path, two callers: the worker sends its command's output, people read it.
+        ("POST", "/api/v1/jobs/{job_id}/output", {"400", "401", "404", "409", "413", "415"}),
+        ("GET", "/api/v1/jobs/{job_id}/output", {"400", "401", "403", "404"}),
         ("DELETE", "/api/v1/sectors/{sector_id}", {"401", "403", "404", "405"}),
         ("PATCH", "/api/v1/users/{user_id}", {"400", "401", "403", "404", "409", "413", "415"}),
     ],
