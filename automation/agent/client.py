@@ -136,6 +136,13 @@ class HubClient:
             json={"claim_token": claim_token, "progress": progress},
         )
 
+    def output(self, job_id: int, claim_token: str, *, seq: int, text: str) -> dict[str, Any]:
+        return self._call(
+            "POST",
+            f"/jobs/{job_id}/output",
+            json={"claim_token": claim_token, "seq": seq, "text": text},
+        )
+
     def complete(self, job_id: int, claim_token: str, **report: Any) -> dict[str, Any]:
         return self._call(
             "POST", f"/jobs/{job_id}/complete", json={"claim_token": claim_token, **report}

@@ -1,10 +1,11 @@
 """Running one claimed job: the automation's command as a subprocess.
 
 The job's parameters reach the command twice, as JSON on its standard input and in
-``HUBDOMMED_JOB_PARAMS``. Standard output and error are merged and only their tail is
-kept. While the command runs, the executor heartbeats the claim; it stops the command
-(its whole process group: SIGTERM, then SIGKILL after a grace period) when the job is
-canceled, when it outlives the automation's timeout, or when the worker shuts down.
+``HUBDOMMED_JOB_PARAMS``. Standard output and error are merged: the hub receives them
+while the command runs (``OutputSender``), and their tail comes with the report. While
+the command runs, the executor heartbeats the claim; it stops the command (its whole
+process group: SIGTERM, then SIGKILL after a grace period) when the job is canceled, when
+it outlives the automation's timeout, or when the worker shuts down.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from automation.agent.client import HubClient, HubError
+from automation.agent.output import OutputSender
 from lifecycle import Backoff
 
 logger = logging.getLogger("hubdommed.agent")
@@ -46,17 +48,21 @@ class Outcome:
 class OutputTail:
     """Keeps the last ``limit`` characters of a stream, read on its own thread."""
 
-    def __init__(self, stream, limit: int = OUTPUT_TAIL_CHARS) -> None:
+    def __init__(self, stream, limit: int = OUTPUT_TAIL_CHARS, *, on_text=None) -> None:
         self._chunks: deque[str] = deque()
         self._size = 0
         self._limit = limit
         self._lock = threading.Lock()
+        # Called with each piece read, on the reader's thread (OutputSender.write).
+        self._on_text = on_text
         self._thread = threading.Thread(target=self._pump, args=(stream,), daemon=True)
         self._thread.start()
 
     def _pump(self, stream) -> None:
         for chunk in iter(lambda: stream.read1(4096), b""):
             text = chunk.decode("utf-8", errors="replace")
+            if self._on_text is not None:
+                self._on_text(text)
             with self._lock:
                 self._chunks.append(text)
                 self._size += len(text)
@@ -103,7 +109,8 @@ def run_claimed_job(
         return Outcome(False, reason="error", error=f"cannot start the command: {exc}")
 
     threading.Thread(target=_feed, args=(process.stdin, params.encode()), daemon=True).start()
-    output = OutputTail(process.stdout)
+    sender = OutputSender(client, job_id=job_id, claim_token=token)
+    output = OutputTail(process.stdout, on_text=sender.write)
     deadline = time.monotonic() + timeout_seconds
     next_beat = time.monotonic() + heartbeat_interval
     # A beat the hub did not answer is tried again sooner than the next one is due, so
@@ -133,6 +140,7 @@ def run_claimed_job(
                     # finished it): stop working on it.
                     logger.info("job %s: claim lost (%s); stopping its command", job_id, exc.code)
                     _stop(process)
+                    sender.abandon()
                     return Outcome(
                         False, reason="error", claim_lost=True, output_tail=output.text()
                     )
@@ -148,6 +156,9 @@ def run_claimed_job(
             break
 
     tail = output.text(wait=2)
+    # The last chunks reach the hub before the report that ends the job (which refuses
+    # output from then on).
+    sender.close()
     code = process.returncode
     if stop_reason == "timeout":
         return Outcome(False, "timeout", code, tail, f"timed out after {timeout_seconds:g} s")

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import textwrap
+import time
 
 import pytest
 from django.utils import timezone
@@ -190,3 +191,51 @@ def test_a_worker_killed_mid_job_leads_the_monitor_to_fail_it_as_worker_lost(
     assert (job.status, job.failure_reason) == ("failed", "worker_lost")
     events = Event.objects.filter(aggregate_type="Job", aggregate_id=str(job_id), type="JobFailed")
     assert events.count() == 1
+
+
+# A command that prints a line every 100 ms for 2 s, each with when it printed it.
+TICKING = [
+    sys.executable,
+    "-c",
+    textwrap.dedent(
+        """
+        import time
+        for n in range(20):
+            print(f"tick {n} {time.time()}", flush=True)
+            time.sleep(0.1)
+        """
+    ),
+]
+
+
+def test_a_running_commands_lines_can_be_read_while_it_runs_each_once_in_order(
+    system, catalog, api
+):
+    created = catalog("ticking", command=TICKING)
+    system.automation_worker("ticking", created.credential, AGENT_POLL_INTERVAL="0.3")
+    job_id = trigger(api, created.automation.id)
+    text, offset, seen_running, delays = "", 0, [], []
+
+    def read_more() -> bool:
+        nonlocal text, offset
+        page = api.get(f"{api.base}/jobs/{job_id}/output", params={"offset": offset}).json()
+        now = time.time()
+        for line in page["text"].splitlines():
+            if line.startswith("tick "):
+                if page["status"] == "running":
+                    seen_running.append(line)
+                delays.append(now - float(line.split()[2]))
+        text, offset = text + page["text"], page["next_offset"]
+        return page["finished"]
+
+    wait_until(read_more, timeout=60, message=lambda: f"read so far: {text!r}\n{system.log_text()}")
+
+    lines = text.splitlines()
+    assert [line.split()[:2] for line in lines] == [["tick", str(n)] for n in range(20)]
+    assert seen_running, "lines are read while the job still runs"
+    # Lines read at once at the end would arrive seconds after the first was printed.
+    assert max(delays) < 2.0, delays
+    job = Job.objects.get(pk=job_id)
+    assert job.status == "succeeded"
+    # The report's tail is as it always was: the command's output, whole when it is short.
+    assert job.output_tail == text

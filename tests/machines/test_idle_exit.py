@@ -30,6 +30,9 @@ class RecordingHub:
     def heartbeat(self, job_id, token, progress=None) -> dict:
         return {"cancel_requested": False}
 
+    def output(self, job_id, token, *, seq, text) -> dict:
+        return {"job": job_id, "seq": seq, "stored": True}
+
     def complete(self, job_id, token, **report) -> None:
         self.reports[job_id] = "complete"
 

@@ -1,0 +1,107 @@
+"""A running command's output on its way to the hub: in numbered chunks, gathered by size
+and time, sent again while the hub does not answer, and bounded while it cannot."""
+
+from __future__ import annotations
+
+import threading
+
+from automation.agent.client import HubError
+from automation.agent.output import OutputSender
+from tests.polling import wait_until
+
+
+class OutputHub:
+    """The hub's output endpoint in memory: chunks by seq, stored once; ``down`` answers
+    as an unreachable hub does."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[int, str] = {}
+        self.requests = 0
+        self.down = threading.Event()
+        self.refusal: HubError | None = None
+
+    def output(self, job_id, token, *, seq, text) -> dict:
+        self.requests += 1
+        if self.down.is_set():
+            raise HubError(f"POST /jobs/{job_id}/output: hub unreachable")
+        if self.refusal is not None:
+            raise self.refusal
+        assert seq == len(self.chunks) or seq in self.chunks, f"seq {seq} out of order"
+        self.chunks.setdefault(seq, text)
+        return {"stored": True}
+
+    @property
+    def text(self) -> str:
+        return "".join(self.chunks[seq] for seq in sorted(self.chunks))
+
+
+def sender(hub, **limits) -> OutputSender:
+    return OutputSender(hub, job_id=7, claim_token="t", **limits)
+
+
+def test_a_chatty_commands_lines_go_in_a_few_chunks_in_order():
+    hub = OutputHub()
+    output = sender(hub, flush_chars=1000, flush_seconds=5)
+
+    for n in range(500):
+        output.write(f"line {n}\n")
+
+    assert output.close() is True
+    assert hub.text == "".join(f"line {n}\n" for n in range(500))
+    assert sorted(hub.chunks) == list(range(len(hub.chunks)))
+    assert hub.requests == len(hub.chunks) <= 5
+
+
+def test_a_quiet_commands_line_is_sent_after_the_flush_time_without_closing():
+    hub = OutputHub()
+    output = sender(hub, flush_chars=1000, flush_seconds=0.1)
+
+    output.write("only line\n")
+
+    wait_until(lambda: hub.text == "only line\n", timeout=5, message=lambda: repr(hub.chunks))
+    output.close()
+
+
+def test_a_chunk_the_hub_did_not_take_is_sent_again_with_its_number():
+    hub = OutputHub()
+    hub.down.set()
+    output = sender(hub, flush_chars=1000, flush_seconds=0.05)
+    output.write("first\n")
+    wait_until(lambda: hub.requests >= 2, timeout=10)
+
+    hub.down.clear()
+    output.write("second\n")
+
+    assert output.close() is True
+    assert hub.text == "first\nsecond\n"
+
+
+def test_while_the_hub_is_away_the_oldest_output_is_dropped_with_a_marker():
+    hub = OutputHub()
+    hub.down.set()
+    output = sender(hub, flush_chars=50, flush_seconds=0.05, buffer_chars=100)
+    output.write("a" * 10)
+    # The first chunk is in hand, tried again and again: what follows waits in the buffer.
+    wait_until(lambda: hub.requests >= 1, timeout=10)
+    for _ in range(30):
+        output.write("b" * 10)
+
+    hub.down.clear()
+
+    assert output.close() is True
+    assert hub.text == "a" * 10 + "[... 200 characters dropped: the hub was unreachable ...]\n" + (
+        "b" * 100
+    )
+
+
+def test_a_refused_chunk_stops_the_sending():
+    hub = OutputHub()
+    hub.refusal = HubError("POST /jobs/7/output: 409 stale_claim", status=409, code="stale_claim")
+    output = sender(hub, flush_chars=10, flush_seconds=0.05)
+    output.write("x" * 10)
+    wait_until(lambda: hub.requests == 1, timeout=5)
+
+    output.write("y" * 30)
+
+    assert output.close() is False
+    assert hub.requests == 1 and hub.chunks == {}
