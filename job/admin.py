@@ -37,6 +37,7 @@ from common.admin import (
 )
 from common.errors import DomainError
 from job.models import Job
+from job.selectors import job_output_last
 from job.services import job_cancel, job_rerun
 from outbox.console import job_correlation_id
 
@@ -44,6 +45,10 @@ from outbox.console import job_correlation_id
 # schedule that started it): each takes the job's id and gives HTML links.
 JobLinks = Callable[[int], list[str]]
 JOB_PAGE_LINKS: list[JobLinks] = []
+
+
+# How much of a job's stored output its page shows: the end of it.
+ADMIN_OUTPUT_CHARS = 20_000
 
 
 def job_page_links(links: JobLinks) -> JobLinks:
@@ -122,6 +127,7 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
                 )
             },
         ),
+        ("Output", {"fields": ("stored_output",)}),
     )
     # Every field of the page is shown, none edited (a job changes through its services).
     readonly_fields = flatten_fieldsets(fieldsets)
@@ -232,6 +238,17 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         if job.finished_at is None:
             return f"{duration(job.started_at, timezone.now())} so far"
         return duration(job.started_at, job.finished_at)
+
+    @admin.display(description="output sent while running")
+    def stored_output(self, job: Job) -> str:
+        """The end of the log the worker sent while the command ran, the part before it
+        said in a line (all of it is read through GET /jobs/{id}/output)."""
+        page = job_output_last(job=job, chars=ADMIN_OUTPUT_CHARS)
+        if not page.next_offset:
+            return "—"
+        before = page.offset
+        marker = f"[... {before} characters before ...]\n" if before else ""
+        return format_html('<pre class="output-text">{}{}</pre>', marker, page.text)
 
     error_text = shown_text("error", "error")
     output_text = shown_text("output_tail", "output tail", css="output-text")

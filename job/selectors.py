@@ -266,3 +266,12 @@ def job_output_page(*, job: Job, offset: int, limit: int) -> OutputPage:
         text="".join(pieces),
         finished=job.is_finished and next_offset >= log_end,
     )
+
+
+def job_output_last(*, job: Job, chars: int) -> OutputPage:
+    """The last ``chars`` characters of the job's stored log (the admin's job page)."""
+    newest = (
+        JobOutputChunk.objects.filter(job=job).order_by("-offset").values_list("offset", "text")
+    ).first()
+    end = newest[0] + len(newest[1]) if newest else 0
+    return job_output_page(job=job, offset=max(0, end - chars), limit=chars)

@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission
 from django.utils import timezone
 
 from job.models import Job
-from job.services import job_claim, job_create, job_fail
+from job.services import job_claim, job_create, job_fail, job_output_append
 from outbox.models import Event
 from tests.factories import AutomationWithWorkerFactory, UserFactory
 
@@ -317,3 +317,33 @@ def test_staff_without_the_change_permission_cannot_run_a_job_again(client, tena
     assert "Run this job again" not in client.get(f"{CHANGELIST}{job.pk}/change/").content.decode()
     assert client.post(f"/admin/job/job/{job.pk}/rerun/").status_code == 403
     assert not Job.objects.filter(rerun_of=job).exists()
+
+
+def test_a_job_page_shows_the_end_of_the_output_its_worker_sent(admin_site, tenant, monkeypatch):
+    monkeypatch.setattr("job.admin.ADMIN_OUTPUT_CHARS", 12)
+    automation = AutomationWithWorkerFactory()
+    job = create_job(tenant, automation)
+    claimed = job_claim(worker=automation.worker, job_id=job.pk)
+    for seq, text in enumerate(["early <b>\n", "late line\n"]):
+        job_output_append(
+            worker=automation.worker,
+            job_id=job.pk,
+            claim_token=claimed.claim_token,
+            seq=seq,
+            text=text,
+        )
+
+    page = admin_site.get(f"{CHANGELIST}{job.pk}/change/").content.decode()
+
+    assert "[... 8 characters before ...]\n&gt;\nlate line\n" in page
+
+
+def test_a_job_page_without_output_says_so(admin_site, tenant):
+    job = create_job(tenant, AutomationWithWorkerFactory())
+
+    response = admin_site.get(f"{CHANGELIST}{job.pk}/change/")
+
+    field = re.search(
+        r'field-stored_output.*?<div class="readonly">(.*?)</div>', response.content.decode(), re.S
+    )
+    assert field.group(1) == "—"
