@@ -11,10 +11,18 @@ import subprocess
 import pytest
 from django.contrib.auth import get_user_model
 
+from job.models import JobOutputChunk
 from tests.clients import client_of
 from tests.docs.test_readme import section
 from tests.docs.test_webhooks_examples import code_blocks
-from tests.factories import AutomationFactory, JobFactory, ManagerFactory, UserFactory, bearer
+from tests.factories import (
+    AutomationFactory,
+    JobFactory,
+    ManagerFactory,
+    RunningJobFactory,
+    UserFactory,
+    bearer,
+)
 from tests.schedule.test_readme import json_values
 
 PAGE = "docs/api.md"
@@ -100,3 +108,29 @@ def test_the_events_example_runs_as_written_and_answers_as_shown(shell, live_ser
     assert set(event["aggregate"]) == set(shown["results"][0]["aggregate"])
     # (A payload may grow a key; what the page shows must still be there.)
     assert set(shown["results"][0]["payload"]) <= set(event["payload"])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_the_output_example_prints_the_jobs_log_as_text(shell, live_server, tmp_path):
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    person = UserFactory()
+    job = RunningJobFactory(tenant=person.tenant)
+    for seq, (offset, text) in enumerate([(0, "tick 0\n"), (7, "tick 1\n")]):
+        JobOutputChunk.objects.create(job=job, attempt=1, seq=seq, offset=offset, text=text)
+    blocks = code_blocks(section(PAGE, "## A job's output"))
+    example = next(block for block in blocks if block.startswith("curl"))
+    environment = {"TOKEN": bearer(person).removeprefix("Bearer "), "JOB": str(job.pk)}
+
+    done = subprocess.run(
+        [shell, "-c", example.replace("http://127.0.0.1:8000", live_server.url)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], **environment},
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "tick 0\ntick 1\n"
