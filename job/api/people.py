@@ -144,6 +144,19 @@ class OutputTextRenderer(BaseRenderer):
         return (marker + data["text"]).encode(self.charset)
 
 
+class OutputPageResponse(Response):
+    """An empty page of text is still text/plain: DRF drops the Content-Type of an empty
+    body, and a client could not tell an empty page from a broken answer."""
+
+    @property
+    def rendered_content(self):
+        content = super().rendered_content
+        if not content and "Content-Type" not in self:
+            renderer = self.accepted_renderer
+            self["Content-Type"] = f"{renderer.media_type}; charset={renderer.charset}"
+        return content
+
+
 class JobOutputReadApi(APIView):
     permission_classes = [IsTenantMember]
     renderer_classes = [JSONRenderer, OutputTextRenderer]
@@ -172,7 +185,7 @@ class JobOutputReadApi(APIView):
         if job is None:
             raise NotFound("There is no such job.", code="job_not_found")
         page = job_output_page(job=job, offset=filters["offset"], limit=filters["limit"])
-        return Response(
+        return OutputPageResponse(
             OutputPageOutput(
                 {
                     "job": job.pk,

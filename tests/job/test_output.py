@@ -281,3 +281,10 @@ def test_a_bad_page_is_a_400(person_client, running, params):
 
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid"
+
+
+def test_an_empty_text_page_is_still_text(person_client, running):
+    response = read(person_client, running, format="text")
+
+    assert response.status_code == 200 and response.content == b""
+    assert response["Content-Type"] == "text/plain; charset=utf-8"
