@@ -193,18 +193,21 @@ def test_a_worker_killed_mid_job_leads_the_monitor_to_fail_it_as_worker_lost(
     assert events.count() == 1
 
 
-# A command that prints a line every 100 ms for 2 s, each with when it printed it.
+# A command that prints a line every 100 ms for 5 s, each with when it printed it.
+TICKS = 50
 TICKING = [
     sys.executable,
     "-c",
     textwrap.dedent(
         """
+        import sys
         import time
-        for n in range(20):
+        for n in range(int(sys.argv[1])):
             print(f"tick {n} {time.time()}", flush=True)
             time.sleep(0.1)
         """
     ),
+    str(TICKS),
 ]
 
 
@@ -231,10 +234,14 @@ def test_a_running_commands_lines_can_be_read_while_it_runs_each_once_in_order(
     wait_until(read_more, timeout=60, message=lambda: f"read so far: {text!r}\n{system.log_text()}")
 
     lines = text.splitlines()
-    assert [line.split()[:2] for line in lines] == [["tick", str(n)] for n in range(20)]
-    assert seen_running, "lines are read while the job still runs"
-    # Lines read at once at the end would arrive seconds after the first was printed.
-    assert max(delays) < 2.0, delays
+    assert [line.split()[:2] for line in lines] == [["tick", str(n)] for n in range(TICKS)]
+    # The first line is read while the command still has seconds to run: the output is
+    # sent as it comes, not at the end. (How soon after its print is a figure, not a
+    # bound: on a loaded machine a second more is no defect.)
+    assert seen_running and seen_running[0].split()[:2] == ["tick", "0"], (
+        seen_running[:3],
+        delays[:5],
+    )
     job = Job.objects.get(pk=job_id)
     assert job.status == "succeeded"
     # The report's tail is as it always was: the command's output, whole when it is short.
