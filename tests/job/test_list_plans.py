@@ -10,7 +10,6 @@ the status) shows up as rows read and thrown away, or as a sort of every match.
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import pytest
@@ -19,6 +18,7 @@ from django.utils import timezone
 
 from job.selectors import job_list
 from tests.factories import AutomationFactory, TenantFactory, UserFactory
+from tests.plans import plan_of, rows_read
 
 pytestmark = pytest.mark.django_db
 
@@ -66,35 +66,6 @@ def history():
         )
         cursor.execute("ANALYZE jobs")
     return tenant, {"common": common, "a twentieth": some, "a hundred": rare}
-
-
-def plan_of(queryset) -> dict:
-    sql, params = queryset.query.sql_with_params()
-    with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
-        (document,) = cursor.fetchone()
-    if isinstance(document, str):
-        document = json.loads(document)
-    return document[0]["Plan"]
-
-
-def nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from nodes(child)
-
-
-def rows_read(plan: dict) -> tuple[set[str], int]:
-    """The indexes scanned, and the rows the scans read (kept or thrown away)."""
-    scans = [node for node in nodes(plan) if node["Node Type"].endswith("Scan")]
-    indexes = {node["Index Name"] for node in scans if "Index Name" in node}
-    read = sum(
-        node["Actual Rows"] * node["Actual Loops"]
-        + node.get("Rows Removed by Filter", 0)
-        + node.get("Rows Removed by Index Recheck", 0)
-        for node in scans
-    )
-    return indexes, read
 
 
 def filters(automations: dict) -> dict[str, dict]:
