@@ -7,7 +7,8 @@ commit its timeout.
 
 The same signal on a key of its own wakes another daemon that sleeps until a change
 (the scheduler, when a schedule's next due time moved): ``signal_key`` and
-``signal_key_on_commit`` push it, ``wait_for_signal`` waits for it.
+``signal_key_on_commit`` push it, ``wait_for_signal`` waits for it. ``announce`` publishes
+on a channel instead, for every process that subscribes (a job's live followers).
 """
 
 from __future__ import annotations
@@ -55,14 +56,14 @@ def _push(key: str) -> None:
     pipe.execute()
 
 
-def _signal(key: str, what: str, fallback: str) -> bool:
+def _signal(key: str, what: str, fallback: str, *, send=_push) -> bool:
     """Push the signal on ``key`` unless Redis is held off; returns whether Redis took it.
     A failure is logged once per outage (``fallback``: what makes up for the lost signal)."""
     hold_off = redis_hold_off()
     if not hold_off.admits():
         return False
     try:
-        _push(key)
+        send(key)
     except (redis.RedisError, OSError) as exc:
         if hold_off.failed():
             logger.warning(
@@ -99,16 +100,33 @@ def signal_key(key: str) -> bool:
 
 def signal_key_on_commit(key: str, using: str | None = None) -> None:
     """One wake signal on ``key`` when the current transaction commits (never before)."""
+    _once_on_commit(signal_key, key, using=using)
+
+
+def announce(channel: str, message: str) -> bool:
+    """Publish ``message`` on ``channel`` now, for whoever subscribes at this moment (no one
+    may: a subscriber also reads on its own). Returns whether Redis took it."""
+    return _signal(
+        channel,
+        f"announcement on {channel}",
+        "its subscribers read again on their own",
+        send=lambda key: redis_client().publish(key, message),
+    )
+
+
+def announce_on_commit(channel: str, message: str, using: str | None = None) -> None:
+    """One ``announce`` when the current transaction commits (never before)."""
+    _once_on_commit(announce, channel, message, using=using)
+
+
+def _once_on_commit(func, *args: str, using: str | None) -> None:
+    """``func(*args)`` when the current transaction commits, once however often asked."""
     connection = transaction.get_connection(using)
     for entry in connection.run_on_commit:
         callback = entry[1]
-        if (
-            isinstance(callback, partial)
-            and callback.func is signal_key
-            and callback.args == (key,)
-        ):
+        if isinstance(callback, partial) and callback.func is func and callback.args == args:
             return
-    transaction.on_commit(partial(signal_key, key), using=using)
+    transaction.on_commit(partial(func, *args), using=using)
 
 
 def wait_for_signal(client: redis.Redis, key: str, timeout: float) -> bool:
