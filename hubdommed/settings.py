@@ -150,6 +150,8 @@ REDIS_SOCKET_TIMEOUT = env.float("REDIS_SOCKET_TIMEOUT", default=0.5, minimum=0.
 # one timeout per outage, not one per request.
 REDIS_HOLD_OFF_SECONDS = env.float("REDIS_HOLD_OFF_SECONDS", default=5.0, minimum=0)
 OUTBOX_WAKE_KEY = f"{REDIS_KEY_PREFIX}:outbox:wake"
+# Published after a job's output or status changed, with its id: its followers read again.
+JOB_OUTPUT_CHANNEL = f"{REDIS_KEY_PREFIX}:job:output"
 
 CACHES = {
     "default": {
@@ -252,6 +254,22 @@ JOB_OUTPUT_TAIL_MAX_CHARS = env.int("JOB_OUTPUT_TAIL_MAX_CHARS", default=16 * 10
 # chunk may hold, and the most a job's stored log keeps (past it the oldest chunks go).
 JOB_OUTPUT_CHUNK_MAX_CHARS = env.int("JOB_OUTPUT_CHUNK_MAX_CHARS", default=64 * 1024, minimum=1)
 JOB_OUTPUT_MAX_CHARS = env.int("JOB_OUTPUT_MAX_CHARS", default=1_000_000, minimum=1)
+# Following a job's output live (GET /jobs/{id}/output/stream, served by hubdommed.asgi):
+# how often a follower reads the log when no Redis wake came (Redis only makes it sooner),
+# the most one stream lasts (its client resumes from the last offset it got), and how long
+# a quiet stream waits before a comment that keeps proxies from closing it.
+JOB_OUTPUT_FOLLOW_POLL_SECONDS = env.float(
+    "JOB_OUTPUT_FOLLOW_POLL_SECONDS", default=1.0, minimum=0.05
+)
+JOB_OUTPUT_FOLLOW_MAX_SECONDS = env.float(
+    "JOB_OUTPUT_FOLLOW_MAX_SECONDS", default=3600.0, minimum=1
+)
+JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS = env.float(
+    "JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS", default=15.0, minimum=0.1
+)
+# The pause a client is told to take before it comes back (SSE's ``retry``): after a
+# stream ends early, and between the API's own answers to a follower (see docs/api.md).
+JOB_OUTPUT_FOLLOW_RETRY_MS = env.int("JOB_OUTPUT_FOLLOW_RETRY_MS", default=1000, minimum=1)
 
 # --- Schedules (manage.py run_scheduler) ---------------------------------------------------
 # Seconds between the scheduler's cycles: how late a due run may start at most.

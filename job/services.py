@@ -27,6 +27,7 @@ from automation.services import worker_seen
 from common import tracing
 from common.errors import Conflict, InvalidInput, NotFound
 from identity.selectors import tenant_is_active
+from job import live
 from job.metrics import count_claim_refusal, count_transition_on_commit
 from job.models import Job, JobEvent, JobOutputChunk, JobStatus
 from job.selectors import (
@@ -366,6 +367,7 @@ def job_output_append(
     chunks.filter(offset__lt=chunk.end - settings.JOB_OUTPUT_MAX_CHARS).exclude(
         pk=chunk.pk
     ).delete()
+    live.announce_output(job.pk)
     return OutputAppended(chunk, stored=True)
 
 
@@ -529,6 +531,9 @@ def save_transition(job: Job, *, was: str) -> None:
     changed = Job.objects.filter(pk=job.pk, status=was).update(**values)
     if changed != 1:
         raise Conflict("The job changed while this request ran.", code="concurrent_change")
+    if job.is_finished:
+        # Its followers end their streams now rather than at their next read.
+        live.announce_output(job.pk)
 
 
 def record_transition(job: Job, event: JobEvent, *, actor: Any) -> None:

@@ -1,0 +1,254 @@
+"""Following a job's output live: Server-Sent Events from its stored log.
+
+A follower is told of new output by Redis and reads it from the database, where the
+worker's chunks are stored (``job_output_append``): the log is the truth, Redis only makes
+the follower read sooner.
+
+- **Wakes.** After a chunk is stored, and after the job finishes, its id is published on
+  ``JOB_OUTPUT_CHANNEL`` (``announce_output``, after the commit). Each stream process
+  subscribes once (``OutputWakes``) and wakes the followers of that job. Without Redis,
+  a follower still reads every ``JOB_OUTPUT_FOLLOW_POLL_SECONDS``.
+- **Events.** ``output`` events carry the text after the offset the client has, as JSON
+  (``{"offset", "next_offset", "text"}``, plus ``dropped`` when characters before were
+  deleted); each event's id is its ``next_offset``, so a client that reconnects sends it
+  back as ``Last-Event-ID`` and gets each character once. ``end`` says the job finished
+  and its log was sent to its end.
+- **Where.** ``follow`` holds a stream open and is served by the ASGI entry point
+  (``hubdommed.asgi``): each follower costs a coroutine and no worker. The WSGI server
+  answers the same request with ``events_now``: what is there now, and ``retry`` for
+  when to ask again, so a follower there costs one short request a second, never a
+  worker for the job's life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import redis
+import redis.asyncio
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import DatabaseError, connection
+
+from job.models import Job
+from job.selectors import OutputPage, job_output_page
+from outbox.wake import announce_on_commit
+
+logger = logging.getLogger("hubdommed.job")
+
+# The most characters one event carries: a follower far behind catches up in events this size.
+EVENT_MAX_CHARS = 64 * 1024
+# Reads of the log from the stream's coroutines run on these threads, each with its
+# database connection: a stream process holds this many connections however many follow.
+READ_THREADS = 4
+# Redis away: the first pause before subscribing again, and the longest.
+RESUBSCRIBE_FIRST_SECONDS = 0.5
+RESUBSCRIBE_MAX_SECONDS = 10.0
+# How often an idle subscription asks Redis whether it is still there.
+SUBSCRIPTION_PING_SECONDS = 15.0
+
+_reads = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="output-read")
+
+
+def announce_output(job_id: int) -> None:
+    """Tell the job's followers, once the current transaction commits, to read again."""
+    announce_on_commit(settings.JOB_OUTPUT_CHANNEL, str(job_id))
+
+
+# --- events ---------------------------------------------------------------------------
+
+
+def retry_field() -> str:
+    return f"retry: {settings.JOB_OUTPUT_FOLLOW_RETRY_MS}\n\n"
+
+
+def output_event(page: OutputPage) -> str:
+    start = max(page.offset, page.dropped_before)
+    data: dict[str, object] = {"offset": start, "next_offset": page.next_offset, "text": page.text}
+    if page.dropped:
+        data["dropped"] = page.dropped
+    return _event("output", page.next_offset, data)
+
+
+def end_event(status: str, offset: int) -> str:
+    return _event("end", offset, {"status": status, "next_offset": offset})
+
+
+def _event(name: str, event_id: int, data: dict[str, object]) -> str:
+    # JSON on one line: the text's own line breaks (\r included) cannot end the event.
+    return f"id: {event_id}\nevent: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _page_events(job: Job, page: OutputPage) -> Iterator[str]:
+    if page.text or page.dropped:
+        yield output_event(page)
+    if page.finished:
+        yield end_event(job.status, page.next_offset)
+
+
+def _full(page: OutputPage) -> bool:
+    """Whether the page stopped at its limit (more is stored after it)."""
+    return page.next_offset - max(page.offset, page.dropped_before) >= EVENT_MAX_CHARS
+
+
+def at_end(job: Job, offset: int) -> bool:
+    """The job finished and ``offset`` is past its whole log: nothing will ever follow."""
+    return job.is_finished and job_output_page(job=job, offset=offset, limit=1).text == ""
+
+
+def events_now(job: Job, offset: int) -> Iterator[str]:
+    """The WSGI server's answer to a follower: the log after ``offset`` as it is now."""
+    yield retry_field()
+    while True:
+        page = job_output_page(job=job, offset=offset, limit=EVENT_MAX_CHARS)
+        yield from _page_events(job, page)
+        if page.finished or not _full(page):
+            return
+        offset = page.next_offset
+
+
+# --- following ------------------------------------------------------------------------
+
+
+class OutputWakes:
+    """One Redis subscription per stream process, waking the followers of each job."""
+
+    def __init__(self) -> None:
+        self._followers: dict[int, set[asyncio.Event]] = defaultdict(set)
+        self._task: asyncio.Task | None = None
+
+    def watch(self, job_id: int) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
+            self._task = loop.create_task(self._listen(), name="job-output-wakes")
+        wake = asyncio.Event()
+        self._followers[job_id].add(wake)
+        return wake
+
+    def unwatch(self, job_id: int, wake: asyncio.Event) -> None:
+        followers = self._followers.get(job_id)
+        if followers is not None:
+            followers.discard(wake)
+            if not followers:
+                del self._followers[job_id]
+
+    def _wake(self, job_ids=None) -> None:
+        for job_id, followers in list(self._followers.items()):
+            if job_ids is None or job_id in job_ids:
+                for wake in followers:
+                    wake.set()
+
+    async def _listen(self) -> None:
+        pause = RESUBSCRIBE_FIRST_SECONDS
+        away = False
+        while self._followers:
+            client = redis.asyncio.Redis.from_url(
+                settings.REDIS_URL,
+                socket_connect_timeout=settings.REDIS_SOCKET_TIMEOUT,
+                socket_timeout=SUBSCRIPTION_PING_SECONDS + settings.REDIS_SOCKET_TIMEOUT,
+            )
+            try:
+                async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
+                    await pubsub.subscribe(settings.JOB_OUTPUT_CHANNEL)
+                    if away:
+                        logger.info("job output wakes: Redis answers again")
+                        away = False
+                    pause = RESUBSCRIBE_FIRST_SECONDS
+                    # Whatever was published while nobody listened: everyone reads again.
+                    self._wake()
+                    await self._relay(pubsub)
+            except (redis.RedisError, OSError) as exc:
+                if not away:
+                    logger.warning(
+                        "job output wakes: Redis not answering (%s); followers read every "
+                        "%g s until it does",
+                        exc,
+                        settings.JOB_OUTPUT_FOLLOW_POLL_SECONDS,
+                    )
+                    away = True
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, RESUBSCRIBE_MAX_SECONDS)
+            finally:
+                with contextlib.suppress(redis.RedisError, OSError):
+                    await client.aclose()
+
+    async def _relay(self, pubsub) -> None:
+        quiet_since = time.monotonic()
+        while self._followers:
+            message = await pubsub.get_message(timeout=1.0)
+            if message is not None:
+                quiet_since = time.monotonic()
+                with contextlib.suppress(ValueError, TypeError):
+                    self._wake({int(message["data"])})
+            elif time.monotonic() - quiet_since >= SUBSCRIPTION_PING_SECONDS:
+                # A Redis that hangs answers nothing: the ping's timeout tells.
+                await pubsub.ping()
+                quiet_since = time.monotonic()
+
+
+wakes = OutputWakes()
+
+
+def _read(job_id: int, offset: int) -> tuple[Job, OutputPage] | None:
+    """The job and its log after ``offset``; None when the job is gone."""
+    try:
+        job = Job.objects.only("id", "status").filter(pk=job_id).first()
+        if job is None:
+            return None
+        return job, job_output_page(job=job, offset=offset, limit=EVENT_MAX_CHARS)
+    except DatabaseError:
+        # This thread's connection may be broken: the next read opens a new one.
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+        raise
+
+
+_read_async = sync_to_async(_read, thread_sensitive=False, executor=_reads)
+
+
+async def follow(job_id: int, offset: int) -> AsyncIterator[str]:
+    """The job's log after ``offset`` as it grows, until the job ends (``end``) or the
+    stream has lasted JOB_OUTPUT_FOLLOW_MAX_SECONDS (the client resumes where it was)."""
+    wake = wakes.watch(job_id)
+    try:
+        yield retry_field()
+        closes_at = time.monotonic() + settings.JOB_OUTPUT_FOLLOW_MAX_SECONDS
+        said_at = time.monotonic()
+        pause = settings.JOB_OUTPUT_FOLLOW_POLL_SECONDS
+        while time.monotonic() < closes_at:
+            wake.clear()
+            try:
+                read = await _read_async(job_id, offset)
+            except DatabaseError as exc:
+                logger.warning("job %s output: the log could not be read (%s)", job_id, exc)
+                read = False
+            if read is None:
+                return
+            if read:
+                job, page = read
+                pause = settings.JOB_OUTPUT_FOLLOW_POLL_SECONDS
+                for event in _page_events(job, page):
+                    said_at = time.monotonic()
+                    yield event
+                offset = page.next_offset
+                if page.finished:
+                    return
+                if _full(page):
+                    continue
+            else:
+                # The database is away: ask it less often until it answers.
+                pause = min(pause * 2, RESUBSCRIBE_MAX_SECONDS)
+            if time.monotonic() - said_at >= settings.JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS:
+                said_at = time.monotonic()
+                yield ": still running\n\n"
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=pause)
+    finally:
+        wakes.unwatch(job_id, wake)
