@@ -2,7 +2,13 @@ from django.urls import path
 
 from common.urls import member_actions
 from job.api.output import JobOutputApi
-from job.api.people import JobCancelApi, JobDetailApi, JobRerunApi, JobsApi
+from job.api.people import (
+    JobCancelApi,
+    JobDetailApi,
+    JobOutputFollowApi,
+    JobRerunApi,
+    JobsApi,
+)
 from job.api.workers import (
     JobCompleteApi,
     JobFailApi,
@@ -25,6 +31,7 @@ urlpatterns = [
             "complete": JobCompleteApi,
             "fail": JobFailApi,
             "output": JobOutputApi,
+            "output/stream": JobOutputFollowApi,
         },
     ),
     path("worker/jobs", WorkerJobPollApi.as_view(), name="worker-jobs"),

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from django.core.handlers.asgi import ASGIRequest
+from django.db import connection
+from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.generics import GenericAPIView
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -13,7 +17,9 @@ from common.api import NewestFirstCursorPagination, validated
 from common.errors import InvalidInput, NotFound
 from common.schema import error_response
 from identity.permissions import IsTenantMember
+from job import live
 from job.api.serializers import (
+    FollowFrom,
     JobCreateInput,
     JobListFilters,
     JobOutput,
@@ -198,6 +204,73 @@ class JobOutputReadApi(APIView):
                 }
             ).data
         )
+
+
+class IgnoreAccept(DefaultContentNegotiation):
+    """Whatever the client accepts (an EventSource asks for ``text/event-stream``), an
+    error is JSON in the one format, and a stream is a stream."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+class JobOutputFollowApi(APIView):
+    permission_classes = [IsTenantMember]
+    renderer_classes = [JSONRenderer]
+    content_negotiation_class = IgnoreAccept
+
+    @extend_schema(
+        operation_id="jobs_output_follow",
+        summary="Follow a job's output live (Server-Sent Events)",
+        description=(
+            "`text/event-stream`: an `output` event for each piece of the log after "
+            "`offset`, as the worker sends it, its data JSON (`offset`, `next_offset`, "
+            "`text`, and `dropped` when characters before it were deleted), its id its "
+            "`next_offset`; then `end` (data: the job's `status`) when the job has "
+            "finished and its log was sent. A reconnecting client sends the last id it got "
+            "as `Last-Event-ID` and gets each character once. A finished job followed from "
+            "its log's end answers 204, which tells an EventSource to stop. Served live by "
+            "the stream process (`hubdommed.asgi`); the API process answers the same "
+            "request with the log as it is now and `retry: 1000`, so a client there asks "
+            "again each second (see docs/api.md)."
+        ),
+        parameters=[
+            FollowFrom,
+            OpenApiParameter(
+                "Last-Event-ID",
+                location=OpenApiParameter.HEADER,
+                required=False,
+                description="The last event id received: where a reconnection resumes.",
+            ),
+        ],
+        responses={
+            (200, "text/event-stream"): OpenApiResponse(str, description="The events."),
+            204: OpenApiResponse(description="The job has finished and nothing follows."),
+            400: error_response("A bad `offset` or `Last-Event-ID` (`invalid`)."),
+            404: error_response("`job_not_found` (also another tenant's job)."),
+        },
+    )
+    def get(self, request, job_id: int):
+        last_event_id = request.headers.get("Last-Event-ID")
+        start = {"offset": last_event_id} if last_event_id is not None else request.query_params
+        offset = validated(FollowFrom, start)["offset"]
+        job = job_get(tenant=request.user.tenant_id, job_id=job_id)
+        if job is None:
+            raise NotFound("There is no such job.", code="job_not_found")
+        if live.at_end(job, offset):
+            return HttpResponse(status=status.HTTP_204_NO_CONTENT)
+        if isinstance(request._request, ASGIRequest):
+            # The stream outlives the request's thread: its database connection is not
+            # held for the stream's life (the reads have connections of their own).
+            connection.close()
+            events = live.follow(job.pk, offset)
+        else:
+            events = live.events_now(job, offset)
+        response = StreamingHttpResponse(events, content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        # A proxy that buffers (nginx) would hold the events back.
+        response["X-Accel-Buffering"] = "no"
+        return response
 
 
 class JobCancelApi(APIView):

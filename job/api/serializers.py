@@ -293,6 +293,19 @@ class OutputFilters(serializers.Serializer):
     )
 
 
+class FollowFrom(serializers.Serializer):
+    offset = serializers.IntegerField(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=2**62,
+        help_text=(
+            "Where to follow from: 0, or a page's `next_offset`. A reconnecting client's "
+            "`Last-Event-ID` header takes its place."
+        ),
+    )
+
+
 class OutputPageOutput(serializers.Serializer):
     job = serializers.IntegerField()
     status = serializers.ChoiceField(choices=JobStatus.choices)
