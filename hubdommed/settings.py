@@ -270,6 +270,9 @@ JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS = env.float(
 # The pause a client is told to take before it comes back (SSE's ``retry``): after a
 # stream ends early, and between the API's own answers to a follower (see docs/api.md).
 JOB_OUTPUT_FOLLOW_RETRY_MS = env.int("JOB_OUTPUT_FOLLOW_RETRY_MS", default=1000, minimum=1)
+# Days a finished job's log is kept after its end; then the stuck-job monitor deletes its
+# chunks (the job keeps its output_tail). 0 keeps every log forever.
+JOB_OUTPUT_RETENTION_DAYS = env.int("JOB_OUTPUT_RETENTION_DAYS", default=30, minimum=0)
 
 # --- Schedules (manage.py run_scheduler) ---------------------------------------------------
 # Seconds between the scheduler's cycles: how late a due run may start at most.

@@ -493,6 +493,11 @@ class JobOutputChunk(models.Model):
         indexes = [
             # The reader's pages and the append's newest chunk.
             models.Index(fields=["job", "offset"], name="job_output_chunks_offset_idx"),
+            # The retention sweep (job.retention): the oldest chunks first. A chunk is
+            # stored while its job runs, so it is older than the job's end; the sweep
+            # walks only those older than its cutoff, and what it deletes it never reads
+            # again, however long the history of finished jobs grows.
+            models.Index(fields=["created_at"], name="job_output_chunks_created_idx"),
         ]
 
     def __str__(self) -> str:
