@@ -47,3 +47,8 @@ STRANDED_UNREPAIRED = Gauge(
     "itself (an operator must: see the monitor's log), by state machine.",
     ["machine"],
 )
+OUTPUT_CHUNKS_DELETED = Counter(
+    "hubdommed_job_output_chunks_deleted_total",
+    "Chunks of finished jobs' logs the monitor deleted, JOB_OUTPUT_RETENTION_DAYS after "
+    "their job's end (job.retention).",
+)

@@ -20,7 +20,11 @@ cycle run anyway):
    outbox rows, ...), each alone: the rows in a non-final state that nothing would move
    are given a way forward again, counted in ``hubdommed_stranded_rows_total{machine}``
    and logged once at warning; those a check cannot move itself are logged once (while
-   they stay stranded) and shown in ``hubdommed_stranded_rows_unrepaired{machine}``.
+   they stay stranded) and shown in ``hubdommed_stranded_rows_unrepaired{machine}``;
+5. delete the logs (output chunks) of jobs that finished more than
+   ``JOB_OUTPUT_RETENTION_DAYS`` ago, a bounded number of chunks at a time
+   (``job.retention``): at most once a minute, or on the next cycle again while a
+   backlog lasts.
 
 One line of counts per cycle at info. SIGTERM or SIGINT end the loop within a second
 (the wait between cycles is cut in slices) and the process exits 0. Two monitors
@@ -31,6 +35,7 @@ the lock); they may each re-send a power-on, which is idempotent.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -55,9 +60,11 @@ from job.monitor_metrics import (
     MONITOR_CYCLES,
     MONITOR_JOBS,
     MONITOR_STEP_ERRORS,
+    OUTPUT_CHUNKS_DELETED,
     STRANDED_ROWS,
     STRANDED_UNREPAIRED,
 )
+from job.retention import BATCH_SIZE, BATCHES_PER_CALL, job_output_delete_expired
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
 from lifecycle.daemon import Daemon
 from lifecycle.failures import log_failure
@@ -67,6 +74,9 @@ logger = logging.getLogger("hubdommed.monitor")
 # From the end of one cycle to the start of the next is at most the interval (less when a
 # cycle is slow); longer than the interval plus this, and the monitor was not running.
 OUTAGE_MARGIN_SECONDS = 5.0
+# Seconds between two sweeps of expired output: a log expires days after its job's end, so
+# a minute late costs nothing, and most cycles skip the sweep's queries altogether.
+OUTPUT_SWEEP_SECONDS = 60.0
 
 
 @dataclass
@@ -100,6 +110,7 @@ class CycleCounts:
     settled: Counter = field(default_factory=Counter)
     machines_stopped: int = 0
     stranded: StrandedCounts = field(default_factory=StrandedCounts)
+    output_chunks_deleted: int = 0
     errors: int = 0
 
     def line(self) -> str:
@@ -116,6 +127,11 @@ class CycleCounts:
             + (
                 f"; {self.leases_renewed} leases renewed after an outage"
                 if self.leases_renewed
+                else ""
+            )
+            + (
+                f"; {self.output_chunks_deleted} output chunks deleted past their retention"
+                if self.output_chunks_deleted
                 else ""
             )
         )
@@ -137,6 +153,7 @@ class CycleCounts:
             # inc(0) too: every action's series exists from the first cycle on, so a
             # rate() over it is 0 rather than absent.
             MONITOR_JOBS.labels(action=action).inc(value)
+        OUTPUT_CHUNKS_DELETED.inc(self.output_chunks_deleted)
         for machine in stranded_checks():
             STRANDED_ROWS.labels(machine=machine).inc(self.stranded.repaired[machine])
             if machine in self.stranded.ran:
@@ -148,7 +165,8 @@ class Command(Daemon):
     help = (
         "Rescue stuck jobs: power machines on again for long-pending jobs, settle running "
         "jobs whose worker was lost, stop idle ec2 machines, and give a way forward again to "
-        "the rows of every state machine that nothing would move."
+        "the rows of every state machine that nothing would move, and delete the logs of "
+        "jobs finished longer than JOB_OUTPUT_RETENTION_DAYS ago."
     )
     name = "monitor"
     interval_setting = "MONITOR_INTERVAL_SECONDS"
@@ -161,6 +179,12 @@ class Command(Daemon):
         # The stranded rows a check could not move, by machine, as last reported: each is
         # logged when it first shows up, not again while it stays stranded.
         self.unrepaired: dict[str, set[tuple[str, str]]] = {}
+        # The expired output sweep: when it last ran (monotonic), and whether it deleted
+        # all it may at once (more is due: the next cycle sweeps again).
+        self.output_swept_at: float | None = None
+        self.output_backlog = False
+        self.output_batch_size = BATCH_SIZE
+        self.output_batches = BATCHES_PER_CALL
 
     # -- step methods (tested directly) --------------------------------------------------------
 
@@ -226,6 +250,24 @@ class Command(Daemon):
             self._report_stranded(machine, rows, found)
         return found
 
+    def delete_expired_output(self) -> int:
+        """Step 5: the logs of jobs finished more than JOB_OUTPUT_RETENTION_DAYS ago, at
+        most once every OUTPUT_SWEEP_SECONDS unless the last sweep left a backlog."""
+        now = time.monotonic()
+        if (
+            not self.output_backlog
+            and self.output_swept_at is not None
+            and now - self.output_swept_at < OUTPUT_SWEEP_SECONDS
+        ):
+            return 0
+        # Noted before the sweep: one that fails waits its turn too, not every cycle.
+        self.output_swept_at, self.output_backlog = now, False
+        deleted = job_output_delete_expired(
+            batch_size=self.output_batch_size, batches=self.output_batches
+        )
+        self.output_backlog = deleted >= self.output_batch_size * self.output_batches
+        return deleted
+
     def _report_stranded(self, machine: str, rows: list[Repaired], found: StrandedCounts) -> None:
         """Count and log what one check found. A repaired row was moved, so it is not found
         again; one left to an operator is found every cycle until someone acts, and logged
@@ -278,6 +320,7 @@ class Command(Daemon):
             (self.settle_lost_jobs, "settled"),
             (self.stop_idle_machines, "machines_stopped"),
             (self.repair_stranded_rows, "stranded"),
+            (self.delete_expired_output, "output_chunks_deleted"),
         ):
             # A connection the database dropped is replaced before each step too: the
             # steps before may have taken long enough for it to go.
