@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.contrib import admin, messages
-from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.core.exceptions import PermissionDenied
-from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils import timezone
@@ -35,9 +35,10 @@ from common.admin import (
     shown_json,
     shown_text,
 )
+from common.api import error_body
 from common.errors import DomainError
 from job.models import Job
-from job.selectors import job_output_last
+from job.selectors import job_output_last, job_output_page
 from job.services import job_cancel, job_rerun
 from outbox.console import job_correlation_id
 
@@ -47,7 +48,8 @@ JobLinks = Callable[[int], list[str]]
 JOB_PAGE_LINKS: list[JobLinks] = []
 
 
-# How much of a job's stored output its page shows: the end of it.
+# How much of a job's stored output its page shows: the end of it, and the most a read of
+# its output view answers.
 ADMIN_OUTPUT_CHARS = 20_000
 
 
@@ -58,6 +60,10 @@ def job_page_links(links: JobLinks) -> JobLinks:
 
 def _change_url(name: str, pk) -> str:
     return reverse(f"admin:{name}_change", args=[pk])
+
+
+def _json_error(status: int, code: str, message: str, details=None) -> JsonResponse:
+    return JsonResponse(error_body(code, message, details), status=status)
 
 
 @admin.register(Job)
@@ -143,7 +149,12 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
             self.admin_site.admin_view(self.rerun_view),
             name="job_job_rerun",
         )
-        return [cancel, rerun, *super().get_urls()]
+        output = path(
+            "<path:object_id>/output/",
+            self.admin_site.admin_view(self.output_view),
+            name="job_job_output",
+        )
+        return [cancel, rerun, output, *super().get_urls()]
 
     # --- the list -----------------------------------------------------------------------
 
@@ -267,6 +278,45 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
             obj is not None and obj.is_finished and self.has_rerun_permission(request)
         )
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+    # --- its output, live -------------------------------------------------------------
+
+    def output_view(self, request, object_id: str):
+        """A page of the job's output from ``?offset=`` as JSON, at most ADMIN_OUTPUT_CHARS
+        characters. The
+        API's GET /jobs/{id}/output is for a tenant's people; this is the staff's."""
+        if request.method != "GET":
+            response = _json_error(405, "method_not_allowed", "A job's output is only read.")
+            response["Allow"] = "GET"
+            return response
+        if not self.has_view_permission(request):
+            return _json_error(403, "permission_denied", "You may not look at jobs.")
+        offset = request.GET.get("offset", "0")
+        # ASCII digits only (str.isdigit() also takes "²", which int() refuses), at most 18
+        # of them: a bigint, the offsets' column, holds any such number.
+        if not (offset.isascii() and offset.isdigit() and len(offset) < 19):
+            return _json_error(
+                400,
+                "invalid",
+                "The input is invalid.",
+                {"offset": ["A whole number, 0 or more: the next_offset of the last read."]},
+            )
+        job = self.get_object(request, unquote(object_id))
+        if job is None:
+            return _json_error(404, "job_not_found", "There is no such job.")
+        if not self.has_view_permission(request, job):
+            return _json_error(403, "permission_denied", "You may not look at this job.")
+        page = job_output_page(job=job, offset=int(offset), limit=ADMIN_OUTPUT_CHARS)
+        return JsonResponse(
+            {
+                "status": job.status,
+                "offset": page.offset,
+                "next_offset": page.next_offset,
+                "dropped_before": page.dropped_before,
+                "text": page.text,
+                "finished": page.finished,
+            }
+        )
 
     # --- cancelling ---------------------------------------------------------------------
 
