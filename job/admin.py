@@ -7,7 +7,8 @@ read-only and the two operations offered go through the services the API calls: 
 action on the list or a button of a job's page. A job's page links to what it caused (its
 events, its task runs, its webhook deliveries, its re-runs) and to what started it (a
 schedule's due time, the job it re-runs); the modules above the jobs add their links
-(``job_page_links``).
+(``job_page_links``). While a job runs, its page shows its output as its worker sends it:
+the page's script (``job/static/job/live_output.js``) reads it from ``output_view``.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ JobLinks = Callable[[int], list[str]]
 JOB_PAGE_LINKS: list[JobLinks] = []
 
 
-# How much of a job's stored output its page shows: the end of it, and the most a read of
-# its output view answers.
+# How much of a job's stored output its page shows: the end of it. It is also the most a
+# read of the page's script answers, and the most the page keeps as more comes.
 ADMIN_OUTPUT_CHARS = 20_000
 
 
@@ -253,13 +254,35 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     @admin.display(description="output sent while running")
     def stored_output(self, job: Job) -> str:
         """The end of the log the worker sent while the command ran, the part before it
-        said in a line (all of it is read through GET /jobs/{id}/output)."""
+        said in a line (all of it is read through GET /jobs/{id}/output). Until the job
+        ends and all of it is shown, the page's script adds what comes next (the
+        ``data-output-*`` attributes: where the text shown starts and ends, where to ask)."""
         page = job_output_last(job=job, chars=ADMIN_OUTPUT_CHARS)
-        if not page.next_offset:
+        if not page.next_offset and page.finished:
             return "—"
-        before = page.offset
-        marker = f"[... {before} characters before ...]\n" if before else ""
-        return format_html('<pre class="output-text">{}{}</pre>', marker, page.text)
+        # Where the text shown starts: past ``page.offset`` when older chunks are gone.
+        start = page.next_offset - len(page.text)
+        marker = (
+            format_html(
+                '<span class="output-before">[... {} characters before ...]\n</span>', start
+            )
+            if start
+            else ""
+        )
+        if page.finished:
+            return format_html('<pre class="output-text">{}{}</pre>', marker, page.text)
+        return format_html(
+            '<pre class="output-text output-live" id="job-output" data-output-url="{}"'
+            ' data-output-from="{}" data-output-offset="{}" data-output-chars="{}">{}{}</pre>'
+            '<p class="output-live-status" id="job-output-status">{}</p>',
+            reverse("admin:job_job_output", args=[job.pk]),
+            start,
+            page.next_offset,
+            ADMIN_OUTPUT_CHARS,
+            marker,
+            page.text,
+            f"Job {job.status}: its output shows here as its worker sends it.",
+        )
 
     error_text = shown_text("error", "error")
     output_text = shown_text("output_tail", "output tail", css="output-text")
@@ -283,7 +306,7 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
 
     def output_view(self, request, object_id: str):
         """A page of the job's output from ``?offset=`` as JSON, at most ADMIN_OUTPUT_CHARS
-        characters. The
+        characters: what the script of a running job's page asks for every second. The
         API's GET /jobs/{id}/output is for a tenant's people; this is the staff's."""
         if request.method != "GET":
             response = _json_error(405, "method_not_allowed", "A job's output is only read.")

@@ -1,7 +1,9 @@
-"""A job's output in the admin: its output view answers a page of its log from an offset,
-as JSON, to the staff's session."""
+"""A running job's page in the admin shows its output as it comes: the page's script reads
+the job's output view, a page of its log from an offset, as JSON, with the staff's session."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -199,3 +201,62 @@ def test_staff_read_the_output_with_the_jobs_view_permission_only(client, runnin
     staff = type(staff).objects.get(pk=staff.pk)  # permissions are cached on the user
     client.force_login(staff)
     assert read(client, running.output_url, 0)["text"] == "tick 0\n"
+
+
+def hook(page: str) -> dict[str, str]:
+    """The ``data-output-*`` attributes of the page's live output."""
+    pre = re.search(r'<pre class="output-text output-live" id="job-output"([^>]*)>', page)
+    assert pre, "no live output on the page"
+    return dict(re.findall(r'data-output-([a-z]+)="([^"]*)"', pre.group(1)))
+
+
+def test_a_running_jobs_page_says_where_its_script_reads_on_from(admin_site, running, monkeypatch):
+    monkeypatch.setattr("job.admin.ADMIN_OUTPUT_CHARS", 12)
+    running.send("early line\n")
+    running.send("late line\n")
+
+    page = admin_site.get(running.page_url).content.decode()
+
+    # The end of the log is shown (from offset 9 to 21), and read on from its end.
+    assert hook(page) == {
+        "url": running.output_url,
+        "from": "9",
+        "offset": "21",
+        "chars": "12",
+    }
+    assert "[... 9 characters before ...]\n</span>e\nlate line\n</pre>" in page
+    assert 'id="job-output-status">Job running:' in page
+    script = re.search(r'<script src="([^"]*/job/live_output\.js)" defer>', page).group(1)
+    served = admin_site.get(script)
+    assert served.status_code == 200
+    assert b'getElementById("job-output")' in b"".join(served.streaming_content)
+
+
+def test_a_pending_jobs_page_reads_its_output_from_the_start(admin_site, tenant):
+    automation = AutomationWithWorkerFactory()
+    job, _ = job_create(
+        tenant=tenant,
+        automation_id=automation.pk,
+        params={},
+        requested_by=UserFactory(tenant=tenant),
+    )
+
+    page = admin_site.get(f"/admin/job/job/{job.pk}/change/").content.decode()
+
+    assert hook(page) == {
+        "url": f"/admin/job/job/{job.pk}/output/",
+        "from": "0",
+        "offset": "0",
+        "chars": "20000",
+    }
+
+
+def test_a_finished_jobs_page_shows_its_output_with_nothing_more_to_read(admin_site, running):
+    running.send("the last line\n")
+    running.complete()
+
+    page = admin_site.get(running.page_url).content.decode()
+
+    assert '<pre class="output-text">the last line\n</pre>' in page
+    assert "data-output-url" not in page
+    assert 'id="job-output-status"' not in page
