@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole system on this machine: the API under gunicorn and the daemons of the
-# Procfile (relay, background worker, stuck-job monitor, scheduler) under honcho: one terminal,
+# Procfile (relay, background worker, stuck-job monitor, scheduler, the live streams under
+# uvicorn) under honcho: one terminal,
 # prefixed logs, Ctrl-C stops them all. Automation workers are started on demand by the
 # local machine provider when a job needs them.
 # Called by `make run` after the environment, the database and migrations are ready.
@@ -88,7 +89,8 @@ trap stop_local_machines EXIT
 echo "Hub DomMed API listening on http://${HOST}:${PORT}/ (docs: http://${HOST}:${PORT}/api/docs/)"
 # honcho gives each Procfile line its own PORT, 100 apart in the Procfile's order, and each
 # daemon serves its metrics on its own: two `make run`s side by side collide only when their
-# PORTs are 100, 200, 300 or 400 apart.
+# PORTs are 100, 200, 300, 400 or 500 apart.
+echo "Live streams (GET /api/v1/jobs/{id}/output/stream) on http://${HOST}:$((PORT + 500))/"
 metrics_host=${METRICS_HOST:-127.0.0.1}
 echo "Metrics: api http://${HOST}:${PORT}/metrics, relay http://${metrics_host}:$((PORT + 100))/metrics," \
   "worker http://${metrics_host}:$((PORT + 200))/metrics, monitor http://${metrics_host}:$((PORT + 300))/metrics," \
