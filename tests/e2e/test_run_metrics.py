@@ -25,6 +25,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # The Procfile's daemons, in its order: each one's PORT is the web's + 100 times its place.
 DAEMONS = {"relay": 100, "worker": 200, "monitor": 300, "scheduler": 400}
+# The application's own servers, which serve its /metrics: the API and the live streams.
+SERVERS = {"api": 0, "stream": 500}
 
 
 def bindable(port: int) -> bool:
@@ -41,7 +43,9 @@ def base_port(systems: int) -> int:
 
     def fits(port: int) -> bool:
         return all(
-            bindable(port + n + offset) for n in range(systems) for offset in (0, *DAEMONS.values())
+            bindable(port + n + offset)
+            for n in range(systems)
+            for offset in (*SERVERS.values(), *DAEMONS.values())
         )
 
     def candidate() -> int | None:
@@ -101,7 +105,7 @@ class System:
 
     def wait_for_every_daemons_metrics(self) -> dict[str, str]:
         answers = {}
-        for daemon, offset in {"api": 0, **DAEMONS}.items():
+        for daemon, offset in {**SERVERS, **DAEMONS}.items():
             answers[daemon] = wait_until(
                 lambda offset=offset: (
                     self.process.poll() is None and self.metrics(self.port + offset)
@@ -162,3 +166,7 @@ def test_make_run_serves_every_daemons_metrics_and_two_runs_do_not_collide(
             f"monitor http://127.0.0.1:{system.port + 300}/metrics, "
             f"scheduler http://127.0.0.1:{system.port + 400}/metrics"
         ) in " ".join(log.split())
+        assert (
+            "Live streams (GET /api/v1/jobs/{id}/output/stream) on "
+            f"http://127.0.0.1:{system.port + 500}/" in log
+        )
