@@ -121,6 +121,11 @@ class RabbitMQConsumer(Consumer):
     def poll(self, timeout: float) -> list[Delivery]:
         if self._connection is None:
             raise TransportUnavailable("not connected to RabbitMQ")
+        if not self._connection.is_open:
+            # Lost while a settlement wrote to it (its error was that settlement's): pika
+            # would only raise about its closed timers now.
+            self.close()
+            raise TransportUnavailable("RabbitMQ connection lost")
         try:
             # Returns early when something arrives (a delivery, a settlement to run).
             self._connection.process_data_events(time_limit=timeout)

@@ -12,6 +12,7 @@ from broker import topology
 from broker.base import TransportUnavailable
 from broker.rabbitmq import consumer as consume_rabbitmq
 from broker.rabbitmq.consumer import RabbitMQConsumer
+from tests.forwarding import Forwarder
 from tests.polling import wait_until
 
 
@@ -91,3 +92,41 @@ def test_acks_of_a_group_cover_only_its_own_messages(settings, exchange_name):
         conn.channel().queue_delete(queue)
         conn.channel().queue_delete(topology.dead_letter_queue_name("default"))
         conn.close()
+
+
+def test_a_connection_lost_under_an_ack_is_unavailable_at_the_next_poll(settings, exchange_name):
+    """An ack that meets a cut connection breaks it inside pika's I/O loop; the next
+    poll is then a lost connection (the worker reconnects), never pika's own error about
+    its closed timers."""
+    settings.RABBITMQ_EXCHANGE = exchange_name
+    settings.QUEUE_PREFIX = f"{settings.QUEUE_PREFIX}{uuid.uuid4().hex[:6]}-"
+    queue = topology.queue_name("default")
+    broker = pika.URLParameters(settings.RABBITMQ_URL)
+    forwarder = Forwarder((broker.host, broker.port)).open()
+    settings.RABBITMQ_URL = (
+        f"amqp://{broker.credentials.username}:{broker.credentials.password}"
+        f"@127.0.0.1:{forwarder.port}/%2F"
+    )
+    consumer = RabbitMQConsumer()
+    consumer.start(["default"], prefetch=10)
+    try:
+        publisher = pika.BlockingConnection(broker)
+        channel = publisher.channel()
+        for number in range(3):
+            channel.basic_publish("", queue, f"message {number}".encode())
+        publisher.close()
+        received = []
+        wait_until(lambda: received.extend(consumer.poll(0.1)) or len(received) == 3, timeout=10)
+
+        forwarder.close()
+        # On the I/O thread, as when a worker thread's ack is run by the poll: pika finds
+        # the stream lost while it writes the ack.
+        assert consumer.ack_many(received) == received
+        with pytest.raises(TransportUnavailable):
+            consumer.poll(0.05)
+    finally:
+        consumer.close()
+        forwarder.close()
+        cleanup = pika.BlockingConnection(broker)
+        cleanup.channel().queue_delete(queue)
+        cleanup.close()
