@@ -196,6 +196,7 @@ def test_sigterm_with_four_stuck_handlers_exits_within_one_stop_budget(broker, r
 
     assert process.returncode == 0, stderr
     print(f"\nSIGTERM with 4 stuck handlers, budget {budget:g} s: exited in {took:.2f} s")
-    # One deadline for the whole stop, not the budget plus a wait per stuck thread.
-    assert took < budget + 1.0, stderr
+    # One deadline for the whole stop, not the budget plus a wait per stuck thread (which
+    # would take four budgets and more). Slack for a loaded machine, not for that.
+    assert took < budget * 3, stderr
     assert {run_of(r).status for r in run_ids} == {TaskRun.Status.QUEUED}
