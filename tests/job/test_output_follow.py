@@ -21,6 +21,7 @@ from job.models import JobOutputChunk
 from job.services import job_complete, job_output_append
 from tests.clients import client_of
 from tests.factories import RunningJobFactory, UserFactory, WorkerFactory
+from tests.forwarding import Forwarder
 from tests.polling import wait_until
 from tests.servers import stream_server
 from tests.sse import Follower
@@ -272,3 +273,46 @@ def test_followers_hold_no_database_connection_each(streams, user, settings):
         for follower in followers:
             follower.stop()
     assert held <= live.READ_THREADS, held
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stream_outlives_an_outage_of_the_database_and_of_redis(streams, user, running):
+    db = connection.settings_dict
+    database = Forwarder((db["HOST"], int(db["PORT"]))).open()
+    redis_port = Forwarder(("127.0.0.1", 6379)).open()
+    try:
+        server = streams(
+            DATABASE_URL=f"postgres://{db['USER']}@127.0.0.1:{database.port}/{db['NAME']}",
+            REDIS_URL=f"redis://127.0.0.1:{redis_port.port}/0",
+            JOB_OUTPUT_FOLLOW_POLL_SECONDS="0.3",
+        )
+        follower = Follower(f"{server.url}{STREAM.format(id=running.pk)}", headers_of(user))
+        follower.start()
+        append(running, 0, "before\n")
+        wait_until(lambda: texts(follower) == ["before\n"], timeout=20, message=server.log_text)
+
+        database.close()
+        redis_port.close()
+        append(running, 1, "during\n")
+        wait_until(
+            lambda: (
+                "could not be read" in server.log_text()
+                and "Redis not answering" in server.log_text()
+            ),
+            timeout=30,
+            message=server.log_text,
+        )
+        database.open()
+        redis_port.open()
+        wait_until(lambda: len(texts(follower)) == 2, timeout=30, message=server.log_text)
+        wait_until(lambda: "Redis answers again" in server.log_text(), timeout=30)
+        complete(running)
+        assert follower.ended.wait(30), server.log_text()
+    finally:
+        database.close()
+        redis_port.close()
+    follower.stop()
+
+    assert texts(follower) == ["before\n", "during\n"]
+    # The follower's own stream stayed open through it all.
+    assert follower.connections == 1
