@@ -39,7 +39,7 @@ from common.admin import (
 from common.api import error_body
 from common.errors import DomainError
 from job.models import Job
-from job.selectors import job_output_last, job_output_page
+from job.selectors import job_output_last, job_output_page, output_page_public
 from job.services import job_cancel, job_rerun
 from outbox.console import job_correlation_id
 
@@ -330,16 +330,7 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         if not self.has_view_permission(request, job):
             return _json_error(403, "permission_denied", "You may not look at this job.")
         page = job_output_page(job=job, offset=int(offset), limit=ADMIN_OUTPUT_CHARS)
-        return JsonResponse(
-            {
-                "status": job.status,
-                "offset": page.offset,
-                "next_offset": page.next_offset,
-                "dropped_before": page.dropped_before,
-                "text": page.text,
-                "finished": page.finished,
-            }
-        )
+        return JsonResponse(output_page_public(job, page))
 
     # --- cancelling ---------------------------------------------------------------------
 

@@ -230,6 +230,19 @@ class OutputPage:
         return max(0, self.dropped_before - self.offset)
 
 
+def output_page_public(job: Job, page: OutputPage) -> dict[str, Any]:
+    """A page of the job's log as its readers get it (the API and the admin alike)."""
+    return {
+        "job": job.pk,
+        "status": job.status,
+        "offset": page.offset,
+        "next_offset": page.next_offset,
+        "dropped_before": page.dropped_before,
+        "text": page.text,
+        "finished": page.finished,
+    }
+
+
 def job_output_page(*, job: Job, offset: int, limit: int) -> OutputPage:
     """At most ``limit`` characters of the job's log from ``offset`` (or from its first
     stored character, when those before were deleted)."""

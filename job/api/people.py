@@ -26,7 +26,7 @@ from job.api.serializers import (
     OutputFilters,
     OutputPageOutput,
 )
-from job.selectors import job_get, job_list, job_output_page, job_public
+from job.selectors import job_get, job_list, job_output_page, job_public, output_page_public
 from job.services import job_cancel, job_create, job_rerun
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -191,19 +191,7 @@ class JobOutputReadApi(APIView):
         if job is None:
             raise NotFound("There is no such job.", code="job_not_found")
         page = job_output_page(job=job, offset=filters["offset"], limit=filters["limit"])
-        return OutputPageResponse(
-            OutputPageOutput(
-                {
-                    "job": job.pk,
-                    "status": job.status,
-                    "offset": page.offset,
-                    "next_offset": page.next_offset,
-                    "dropped_before": page.dropped_before,
-                    "text": page.text,
-                    "finished": page.finished,
-                }
-            ).data
-        )
+        return OutputPageResponse(OutputPageOutput(output_page_public(job, page)).data)
 
 
 class IgnoreAccept(DefaultContentNegotiation):

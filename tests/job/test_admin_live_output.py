@@ -80,6 +80,7 @@ def test_the_output_view_answers_from_the_start_then_from_where_the_last_read_en
     running.send("tick 0\n")
 
     assert read(admin_site, running.output_url, 0) == {
+        "job": running.job.pk,
         "status": "running",
         "offset": 0,
         "next_offset": 7,
@@ -114,6 +115,7 @@ def test_the_output_view_says_finished_once_the_job_ended_and_its_log_is_read_to
     assert (first["text"], first["next_offset"], first["finished"]) == ("01234", 5, False)
     last = read(admin_site, running.output_url, first["next_offset"])
     assert last == {
+        "job": running.job.pk,
         "status": "succeeded",
         "offset": 5,
         "next_offset": 10,
