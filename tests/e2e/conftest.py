@@ -35,6 +35,18 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO = [sys.executable, str(ROOT / "scripts" / "demo_automation.py")]
 
 
+def ticking(lines: int) -> list[str]:
+    """A command that prints ``lines`` lines, one every 100 ms, each with when it printed
+    it: ``tick <n> <time>``."""
+    program = (
+        "import sys, time\n"
+        "for n in range(int(sys.argv[1])):\n"
+        "    print(f'tick {n} {time.time()}', flush=True)\n"
+        "    time.sleep(0.1)\n"
+    )
+    return [sys.executable, "-c", program, str(lines)]
+
+
 @pytest.fixture
 def broker_names(settings):
     settings.QUEUE_PREFIX = f"e2e-{uuid.uuid4().hex[:6]}-"

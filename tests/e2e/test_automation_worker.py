@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from job.models import Job
 from outbox.models import Event
-from tests.e2e.conftest import job_status
+from tests.e2e.conftest import job_status, ticking
 from tests.polling import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -195,20 +195,7 @@ def test_a_worker_killed_mid_job_leads_the_monitor_to_fail_it_as_worker_lost(
 
 # A command that prints a line every 100 ms for 5 s, each with when it printed it.
 TICKS = 50
-TICKING = [
-    sys.executable,
-    "-c",
-    textwrap.dedent(
-        """
-        import sys
-        import time
-        for n in range(int(sys.argv[1])):
-            print(f"tick {n} {time.time()}", flush=True)
-            time.sleep(0.1)
-        """
-    ),
-    str(TICKS),
-]
+TICKING = ticking(TICKS)
 
 
 def test_a_running_commands_lines_can_be_read_while_it_runs_each_once_in_order(

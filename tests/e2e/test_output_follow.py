@@ -5,8 +5,6 @@ command prints, and every follower still gets every line once, in order."""
 from __future__ import annotations
 
 import statistics
-import sys
-import textwrap
 import threading
 import time
 
@@ -16,7 +14,7 @@ from django.utils import timezone
 
 from identity.tokens import issue_access_token
 from job.models import Job
-from tests.e2e.conftest import System
+from tests.e2e.conftest import System, ticking
 from tests.polling import wait_until
 from tests.servers import api_server, stop_all, stream_server
 from tests.sse import Follower
@@ -25,19 +23,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 LINES = 100
 # A line every 100 ms for 10 s, each with the time it was printed.
-TICKING = [
-    sys.executable,
-    "-c",
-    textwrap.dedent(
-        """
-        import sys, time
-        for n in range(int(sys.argv[1])):
-            print(f"tick {n} {time.time()}", flush=True)
-            time.sleep(0.1)
-        """
-    ),
-    str(LINES),
-]
+TICKING = ticking(LINES)
 FOLLOWERS = 50
 
 
