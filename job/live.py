@@ -123,6 +123,10 @@ class OutputWakes:
     def __init__(self) -> None:
         self._followers: dict[int, set[asyncio.Event]] = defaultdict(set)
         self._task: asyncio.Task | None = None
+        # Counts each job's wakes: a read begun before the latest wake may have missed
+        # what it announced, so it is not shared with the followers that wake woke.
+        self._wakes: dict[int, int] = defaultdict(int)
+        self._reads: dict[tuple[int, int, int], asyncio.Future] = {}
 
     def watch(self, job_id: int) -> asyncio.Event:
         loop = asyncio.get_running_loop()
@@ -138,12 +142,26 @@ class OutputWakes:
             followers.discard(wake)
             if not followers:
                 del self._followers[job_id]
+                self._wakes.pop(job_id, None)
 
     def _wake(self, job_ids=None) -> None:
         for job_id, followers in list(self._followers.items()):
             if job_ids is None or job_id in job_ids:
+                self._wakes[job_id] += 1
                 for wake in followers:
                     wake.set()
+
+    async def read(self, job_id: int, offset: int) -> tuple[Job, OutputPage] | None:
+        """The job's log after ``offset``, read once for all its followers at that offset
+        since its latest wake: fifty followers of one job cost one read, not fifty."""
+        key = (job_id, offset, self._wakes.get(job_id, 0))
+        shared = self._reads.get(key)
+        if shared is None:
+            shared = asyncio.ensure_future(_read_async(job_id, offset))
+            self._reads[key] = shared
+            shared.add_done_callback(lambda _: self._reads.pop(key, None))
+        # A follower that goes away does not cancel the others' read.
+        return await asyncio.shield(shared)
 
     async def _listen(self) -> None:
         pause = RESUBSCRIBE_FIRST_SECONDS
@@ -225,7 +243,7 @@ async def follow(job_id: int, offset: int) -> AsyncIterator[str]:
         while time.monotonic() < closes_at:
             wake.clear()
             try:
-                read = await _read_async(job_id, offset)
+                read = await wakes.read(job_id, offset)
             except DatabaseError as exc:
                 logger.warning("job %s output: the log could not be read (%s)", job_id, exc)
                 read = False

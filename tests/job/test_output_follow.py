@@ -7,12 +7,14 @@ and sends each piece as it is stored, woken by Redis or, without it, by its own 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 import time
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from rest_framework.test import APIClient
 
 from identity.tokens import issue_access_token
@@ -316,3 +318,48 @@ def test_a_stream_outlives_an_outage_of_the_database_and_of_redis(streams, user,
     assert texts(follower) == ["before\n", "during\n"]
     # The follower's own stream stayed open through it all.
     assert follower.connections == 1
+
+
+def close_reader_connections() -> None:
+    """Each of the log's reader threads closes its database connection (they keep one
+    open, and this process's test database is dropped at its end)."""
+    barrier = threading.Barrier(live.READ_THREADS)
+
+    def close() -> None:
+        barrier.wait(10)
+        connections.close_all()
+
+    for done in [live._reads.submit(close) for _ in range(live.READ_THREADS)]:
+        done.result(20)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_followers_of_one_job_at_one_offset_share_each_read(running, settings, monkeypatch):
+    # No Redis: no wake comes between the reads (a wake makes the next read a new one).
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+    append(running, 0, "one\n")
+    reads = []
+    read = live._read_async
+
+    async def counted(job_id, offset):
+        reads.append(offset)
+        return await read(job_id, offset)
+
+    monkeypatch.setattr(live, "_read_async", counted)
+
+    async def first_events(count: int) -> list[str]:
+        streams = [live.follow(running.pk, 0) for _ in range(count)]
+        for stream in streams:
+            assert await anext(stream) == "retry: 1000\n\n"
+        events = await asyncio.gather(*(anext(stream) for stream in streams))
+        for stream in streams:
+            await stream.aclose()
+        return events
+
+    try:
+        events = asyncio.run(first_events(50))
+    finally:
+        close_reader_connections()
+
+    assert len(set(events)) == 1 and '"text": "one\\n"' in events[0]
+    assert reads == [0]
