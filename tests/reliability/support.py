@@ -680,10 +680,14 @@ class JobTraffic:
 
     def latency_p95(self, since: float, until: float) -> float:
         """p95 seconds of the requests sent between two monotonic times."""
+        return self.latency_quantile(since, until, 0.95)
+
+    def latency_quantile(self, since: float, until: float, q: float) -> float:
+        """The ``q`` quantile, in seconds, of the requests sent between two monotonic times."""
         with self._lock:
             took = sorted(t for at, t in self.latencies if since <= at < until)
         assert took, "no request answered in that time"
-        return took[min(len(took) - 1, int(len(took) * 0.95))]
+        return took[min(len(took) - 1, int(len(took) * q))]
 
     def pause(self) -> None:
         self._paused.set()
@@ -755,9 +759,16 @@ class LagProbe:
         return max(self.samples, default=0.0)
 
     @property
+    def p50(self) -> float:
+        return self._quantile(0.5)
+
+    @property
     def p95(self) -> float:
+        return self._quantile(0.95)
+
+    def _quantile(self, q: float) -> float:
         ordered = sorted(self.samples)
-        return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))] if ordered else 0.0
+        return ordered[min(len(ordered) - 1, int(len(ordered) * q))] if ordered else 0.0
 
 
 # -- what reaches the broker -----------------------------------------------------------------

@@ -13,6 +13,7 @@ import time
 
 import pytest
 import requests
+from django.conf import settings
 
 from tests.reliability.support import (
     BrokerAudit,
@@ -230,6 +231,7 @@ def test_redis_frozen_costs_a_write_no_more_than_redis_dead_and_readiness_stays_
     lost = expected - audit.seen
     post_before = traffic.latency_p95(before_at, frozen_at)
     post_frozen = traffic.latency_p95(frozen_at, thawed_at)
+    post_frozen_p50 = traffic.latency_quantile(frozen_at, thawed_at, 0.5)
     figures(
         Figures(
             "3b Redis frozen",
@@ -242,6 +244,8 @@ def test_redis_frozen_costs_a_write_no_more_than_redis_dead_and_readiness_stays_
                 "requests": traffic.sent,
                 "post_p95_before_s": post_before,
                 "post_p95_frozen_s": post_frozen,
+                "post_p50_frozen_s": post_frozen_p50,
+                "lag_p50_frozen_s": during.p50,
                 "lag_p95_frozen_s": during.p95,
                 "lag_max_frozen_s": during.worst,
                 "lag_max_before_s": before.worst,
@@ -252,9 +256,13 @@ def test_redis_frozen_costs_a_write_no_more_than_redis_dead_and_readiness_stays_
     )
     assert traffic.statuses == {201: traffic.sent}, traffic.failures[:5]
     assert not lost
-    # Three API processes pay one 0.5-s timeout each: not the p95 (it was every request's).
-    assert post_frozen < post_before + 0.25, (post_before, post_frozen)
-    assert during.p95 <= sweep + 1.0, during.samples
+    # Three API processes pay one timeout each (the hold-off), not every request: were it
+    # every request's, the median would be the timeout or more. The median, not a p95 or a
+    # difference of two: on a loaded machine those move by more than the timeout itself.
+    assert post_frozen_p50 < settings.REDIS_SOCKET_TIMEOUT, (post_before, post_frozen_p50)
+    # The relay's wait on Redis ends within its sweep: a wait hung on the frozen Redis
+    # would leave rows pending for the whole freeze, a median lag of half of it.
+    assert during.p50 <= sweep + 1.0 < phase / 2, during.samples
     assert readiness == [(200, readiness[0][1])] and readiness[0][1]["degraded"] == ["redis"]
 
 
