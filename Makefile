@@ -8,6 +8,11 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
+# Python keeps the bytecode it compiles (__pycache__, ignored by git) even where the
+# environment says not to: the suite and `make run` start hundreds of Python processes
+# (daemons, servers, test workers), and each would compile the project's modules again.
+unexport PYTHONDONTWRITEBYTECODE
+
 # The suite's processes (pytest-xdist). Most of the suite waits on PostgreSQL, RabbitMQ and
 # subprocesses, not on a core: more workers than cores pays off.
 TEST_WORKERS ?= 4
