@@ -6,7 +6,7 @@ own Redis key prefix, so two runs on one machine do not steal each other's signa
 The suite runs on several processes (pytest-xdist, ``make test``): each worker has its own
 test database (pytest-django names it ``test_<name>_gwN``), queue names, exchange and Redis
 keys (``pytest_configure`` below), and loopback ports (``tests/ports.py``). The tests of
-one file run on one worker, one after another; the reliability scenarios all on one.
+one file run on one worker, one after another; the reliability scenarios on two.
 """
 
 from __future__ import annotations
@@ -67,17 +67,26 @@ def pytest_configure(config):
 
 def _group(item) -> str:
     path = Path(item.path)
-    alone = RELIABILITY in path.parents or item.get_closest_marker("many_connections")
-    return "reliability" if alone else item.nodeid.split("::")[0]
+    if RELIABILITY in path.parents:
+        # The broker's scenarios (its nodes stopped, reset, alarmed; a cluster losing
+        # nodes) are a group of their own beside the others: two scenarios at once at most.
+        return "reliability-broker" if path.name.startswith("test_broker_") else "reliability"
+    if item.get_closest_marker("many_connections"):
+        return "reliability"
+    return item.nodeid.split("::")[0]
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """One xdist group a file (``--dist loadgroup``): a file's tests share module fixtures
-    and private services, and some run in an order. The reliability scenarios form one group,
-    so that no two of them load the machine at once (their figures would mean nothing);
-    the tests marked ``many_connections`` join it, since PostgreSQL's connections
-    (``max_connections``, 100 here) are shared by every worker and the scenarios' daemons.
+    and private services, and some run in an order. The reliability scenarios form two
+    groups, each run one scenario after another on its worker: the broker's scenarios
+    (``test_broker_*.py``) and the others, about as long as each other. So at most two
+    scenarios' process stacks load the machine at once, one of them breaking RabbitMQ and
+    the other PostgreSQL, Redis, a receiver or a process. The tests marked
+    ``many_connections`` join the second group, since PostgreSQL's connections
+    (``max_connections``, 100 here) are shared by every worker and the scenarios' daemons
+    (a scenario holds about a dozen; the largest of those tests fifty).
 
     First of the hooks: pytest-xdist reads the groups in its own hook, which runs before
     any ``trylast`` one (a group marked there would be no group at all).
@@ -88,9 +97,10 @@ def pytest_collection_modifyitems(config, items):
 
 class _GroupOrder:
     """Groups are handed out in the order of the items (``make test`` passes
-    ``--no-loadscope-reorder``): the reliability group first, as it is the longest by far
-    and runs on one worker, then the others, the largest first. Last of the hooks, after
-    pytest-django's reordering (trylast), which keeps the order of a group's own items."""
+    ``--no-loadscope-reorder``): the two reliability groups first, as they are the longest
+    by far and each runs on one worker, then the others, the largest first. Last of the
+    hooks, after pytest-django's reordering (trylast), which keeps the order of a group's
+    own items."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config, items):
@@ -106,7 +116,13 @@ class _GroupOrder:
             )
         groups = {item: _group(item) for item in items}
         sizes = Counter(groups.values())
-        items.sort(key=lambda item: (groups[item] != "reliability", -sizes[groups[item]]))
+        items.sort(
+            key=lambda item: (
+                not groups[item].startswith("reliability"),
+                -sizes[groups[item]],
+                groups[item],
+            )
+        )
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)
