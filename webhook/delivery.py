@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import random
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -39,6 +40,7 @@ from common import tracing
 from common.context import log_context
 from common.errors import Conflict, NotFound
 from job.selectors import job_get, job_public
+from outbox.catalog import get_catalog
 from outbox.listeners import RecordedEvent
 from outbox.services import actor_label, dispatch
 from webhook import transport
@@ -54,6 +56,10 @@ DELIVER_TASK = "webhook.deliver"
 EXCERPT_CHARS = 1024
 # Parked deliveries taken up per success of their endpoint (each success takes the next).
 UNPARK_BATCH = 100
+# Deliveries one run of webhook.deliver takes at most, one after another: a new delivery
+# joins its endpoint's run due now while it has fewer. More runs of a fast receiver go on
+# at once, one per worker slot.
+DELIVERIES_PER_RUN = 100
 # A failing endpoint's probe comes back after this share of how long it has been failing.
 PROBE_SHARE = 0.05
 # The advisory lock's first key: an attempt in flight holds (ATTEMPT_LOCK_NAMESPACE,
@@ -110,8 +116,13 @@ def deliveries_record(event: RecordedEvent) -> list[int]:
         ]
         WebhookDelivery.objects.bulk_create(deliveries)
         scheduled = [delivery for delivery in deliveries if delivery.endpoint_id not in parking]
+        runs = _runs_to_join([delivery.endpoint_id for delivery in scheduled])
         for delivery in scheduled:
-            _schedule(delivery, delay=None)
+            joined = runs.get(delivery.endpoint_id)
+            if joined is None:
+                _schedule(delivery, delay=None)
+            else:
+                delivery.schedule(run_id=joined[0], due_at=joined[1])
         WebhookDelivery.objects.bulk_update(scheduled, ["scheduled_run_id", "next_attempt_at"])
     return [delivery.pk for delivery in deliveries]
 
@@ -169,6 +180,45 @@ def _endpoints_parking(endpoint_ids: list[int]) -> set[int]:
     return probing
 
 
+# The run a new delivery joins: its endpoint's newest delivery that is scheduled, due and
+# not begun, locked FOR SHARE until the event's commit, if its run holds fewer than
+# DELIVERIES_PER_RUN. The run's worker begins that delivery (an UPDATE of its row) after
+# this commit, so it finds the new one among its deliveries; or it began it before, and the
+# lock finds it begun (READ COMMITTED checks the row's latest version once the lock is
+# had) and the new delivery takes a run of its own. SKIP LOCKED: a delivery a run is
+# beginning or handing on right now is passed over, so an event never waits for a worker.
+_RUNS_TO_JOIN = """
+    SELECT e.id, d.scheduled_run_id, d.next_attempt_at
+      FROM unnest(%(endpoints)s::bigint[]) AS e(id)
+     CROSS JOIN LATERAL (
+           SELECT o.scheduled_run_id, o.next_attempt_at
+             FROM webhook_deliveries AS o
+            WHERE o.endpoint_id = e.id AND o.status = 'pending'
+              AND o.scheduled_run_id IS NOT NULL AND o.attempt_started_at IS NULL
+              AND o.next_attempt_at <= %(now)s
+            ORDER BY o.id DESC
+            LIMIT 1
+              FOR SHARE SKIP LOCKED) AS d
+     WHERE (SELECT count(*) FROM (
+                SELECT 1 FROM webhook_deliveries AS m
+                 WHERE m.scheduled_run_id = d.scheduled_run_id AND m.status = 'pending'
+                 LIMIT %(most)s) AS members) < %(most)s
+"""
+
+
+def _runs_to_join(endpoint_ids: list[int]) -> dict[int, tuple[uuid.UUID, datetime]]:
+    """For each endpoint, the run due now that its new delivery joins (and the run's due
+    time), if it has one with room: see ``_RUNS_TO_JOIN``."""
+    if not endpoint_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RUNS_TO_JOIN,
+            {"endpoints": endpoint_ids, "now": timezone.now(), "most": DELIVERIES_PER_RUN},
+        )
+        return {endpoint_id: (run_id, due_at) for endpoint_id, run_id, due_at in cursor}
+
+
 def _body(event: RecordedEvent) -> str:
     data: dict[str, Any] = {"event_id": event.id, **event.payload}
     job_id = event.payload.get("job_id") if event.aggregate_type == "Job" else None
@@ -181,10 +231,17 @@ def _body(event: RecordedEvent) -> str:
 
 def _schedule(delivery: WebhookDelivery, *, delay: float | None) -> uuid.UUID:
     """A new run for the delivery, due after ``delay`` (the caller saves the delivery)."""
-    run_id = dispatch(
-        DELIVER_TASK, {"delivery_id": delivery.pk}, tenant=delivery.tenant_id, delay=delay
-    )
-    delivery.schedule(run_id=run_id, due_at=timezone.now() + timedelta(seconds=delay or 0))
+    return _schedule_together([delivery], delay=delay)
+
+
+def _schedule_together(deliveries: list[WebhookDelivery], *, delay: float | None) -> uuid.UUID:
+    """One new run for these deliveries of one endpoint, due after ``delay``: it begins with
+    the first (its payload's), then takes the others (the caller saves them)."""
+    first = deliveries[0]
+    run_id = dispatch(DELIVER_TASK, {"delivery_id": first.pk}, tenant=first.tenant_id, delay=delay)
+    due_at = timezone.now() + timedelta(seconds=delay or 0)
+    for delivery in deliveries:
+        delivery.schedule(run_id=run_id, due_at=due_at)
     return run_id
 
 
@@ -216,16 +273,89 @@ class _Request:
 
 
 def delivery_attempt(*, delivery_id: int, run_id: uuid.UUID) -> Outcome:
-    """Make the attempt that run ``run_id`` was scheduled for, and record what came of it."""
+    """Make the attempt of one delivery that run ``run_id`` was scheduled for, and record
+    what came of it (durably): a run's step, alone."""
+    return _step(delivery_id, run_id, tried=[delivery_id], durable=True).outcome
+
+
+@dataclass(frozen=True)
+class _Done:
+    """What one step of a run came to."""
+
+    outcome: Outcome
+    # Whether the run takes its next delivery: this one was delivered fast (or was not the
+    # run's business), so the receiver takes the next at once.
+    goes_on: bool = False
+    # The run's next delivery, when the step's own statement looked it up.
+    next_id: int | None = None
+    next_known: bool = False
+    # An outcome committed without waiting for the disk: the run makes it durable before
+    # it returns.
+    unflushed: bool = False
+
+
+def deliveries_run(
+    *,
+    delivery_id: int,
+    run_id: uuid.UUID,
+    deadline: float | None = None,
+    most: int = DELIVERIES_PER_RUN,
+) -> list[Outcome]:
+    """The attempts run ``run_id`` was scheduled for: ``delivery_id`` first, then the other
+    deliveries scheduled on the run, oldest first, one after another on the receiver's kept
+    connection. It goes on while they are delivered fast, ``most`` at most, and begins none
+    once ``deadline`` (``time.monotonic()``) has passed. What it did not take when it stops
+    is handed on (``_hand_on``), and every outcome is durable, before it returns: the
+    worker marks the run done only after."""
+    outcomes: list[Outcome] = []
+    tried: list[int] = []
+    unflushed: int | None = None
+    next_id: int | None = delivery_id
+    while next_id is not None:
+        tried.append(next_id)
+        done = _step(next_id, run_id, tried=tried, durable=False)
+        outcomes.append(done.outcome)
+        if done.unflushed:
+            unflushed = next_id
+        elif done.outcome is not Outcome.STALE:
+            unflushed = None  # committed durably, and every earlier commit with it
+        if done.goes_on:
+            next_id = done.next_id if done.next_known else _next_of_run(run_id, tried)
+            if next_id is None:
+                break  # every delivery of the run taken
+            if len(tried) < most and (deadline is None or time.monotonic() < deadline):
+                continue
+        # Stopped short: a slow or failing receiver, its endpoint disabled or busy, the
+        # run's share or time spent.
+        if _hand_on(run_id):
+            unflushed = None
+        break
+    if unflushed is not None:
+        _flush(unflushed)
+    return outcomes
+
+
+def run_deadline(started: float) -> float:
+    """The ``time.monotonic()`` past which a run of webhook.deliver that began at
+    ``started`` begins no more attempts: its task's time limit, less an attempt's whole
+    budget and a margin, so that the last attempt and the run's hand-on end before the
+    worker gives up on it. A run always makes its first attempt."""
+    limit = get_catalog().task(DELIVER_TASK).time_limit_seconds
+    return started + limit - _attempt_budget().total_seconds() - RUN_MARGIN_SECONDS
+
+
+def _step(delivery_id: int, run_id: uuid.UUID, *, tried: list[int], durable: bool) -> _Done:
     request = _begin_fast(delivery_id, run_id) or _begin(delivery_id, run_id)
     if isinstance(request, Outcome):
-        return request
+        # Not attempted. A delivery that is not the run's any more (another run's, parked,
+        # finished) leaves the run's others to it; any other (disabled, deferred) stops it.
+        return _Done(request, goes_on=request is Outcome.STALE)
     # The attempt's log lines name the job the event is about (the task's run binds the rest).
     with log_context(job_id=_job_id_of(request.body)):
-        return _attempt(request, run_id)
+        return _attempt(request, run_id, tried=tried, durable=durable)
 
 
-def _attempt(request: _Request, run_id: uuid.UUID) -> Outcome:
+def _attempt(request: _Request, run_id: uuid.UUID, *, tried: list[int], durable: bool) -> _Done:
     started_at = timezone.now()
     with tracing.maybe_span(
         "webhook.deliver POST",
@@ -243,20 +373,31 @@ def _attempt(request: _Request, run_id: uuid.UUID) -> Outcome:
                 span.set_attribute("http.response.status_code", answer.status_code)
             if answer.error or (answer.status_code or 0) >= 400:
                 span.set_status(tracing.StatusCode.ERROR, answer.error[:200] or None)
+    fast = answer.latency_ms < settings.WEBHOOK_SLOW_SECONDS * 1000
     if (
         not answer.error
         and answer.status_code is not None
         and 200 <= answer.status_code < 300
-        and answer.latency_ms < settings.WEBHOOK_SLOW_SECONDS * 1000
+        and fast
     ):
-        if _record_fast(request, run_id, started_at, answer):
+        recorded = _record_fast(request, run_id, started_at, answer, tried=tried, durable=durable)
+        if recorded is not None:
             _log_outcome(request, Outcome.DELIVERED, answer)
-            return Outcome.DELIVERED
-        return _record(request, run_id, started_at, answer)
-    try:
-        return _record(request, run_id, started_at, answer)
-    finally:
-        _let_go_attempt(request.delivery_id)
+            next_id, waited = recorded
+            return _Done(
+                Outcome.DELIVERED,
+                goes_on=True,
+                next_id=next_id,
+                next_known=True,
+                unflushed=not waited,
+            )
+        outcome = _record(request, run_id, started_at, answer)
+    else:
+        try:
+            outcome = _record(request, run_id, started_at, answer)
+        finally:
+            _let_go_attempt(request.delivery_id)
+    return _Done(outcome, goes_on=outcome is Outcome.DELIVERED and fast)
 
 
 def _post(request: _Request, started_at: datetime) -> transport.Answer:
@@ -390,7 +531,10 @@ _BEGIN_FAST = f"""
 # FOR SHARE on the endpoint: a failure's outcome (FOR NO KEY UPDATE) decides before or
 # after this success, never beside it; an endpoint found failing, slow, disabled or with
 # parked deliveries to take up is left to the whole way. The lock of the attempt is let go
-# in the same statement, whatever it finds.
+# in the same statement, whatever it finds, and the run's next delivery is looked up. A
+# success that is not its run's last commits without waiting for the disk: the run's last
+# outcome (or its hand-on, or ``_flush``) waits for it, and so makes every earlier one
+# durable too (the log is written in order), before the run is marked done.
 _RECORD_FAST = f"""
     WITH endpoint AS (
         SELECT id FROM webhook_endpoints
@@ -419,8 +563,16 @@ _RECORD_FAST = f"""
           FROM delivered
      RETURNING delivery_id
     )
-    SELECT (SELECT count(*) FROM attempt),
-           pg_advisory_unlock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="%(delivery_id)s")})
+    SELECT recorded, next.id,
+           pg_advisory_unlock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="%(delivery_id)s")}),
+           set_config('synchronous_commit',
+                      CASE WHEN %(durable)s OR next.id IS NULL OR recorded = 0
+                           THEN 'on' ELSE 'off' END, true)
+      FROM (SELECT count(*) AS recorded FROM attempt) AS outcome,
+           LATERAL (SELECT (SELECT id FROM webhook_deliveries
+                             WHERE scheduled_run_id = %(run_id)s AND status = 'pending'
+                               AND id <> ALL(%(tried)s)
+                             ORDER BY id LIMIT 1) AS id) AS next
 """  # noqa: S608 (only the module's own constants are formatted in)
 
 
@@ -466,10 +618,18 @@ def _unsealed(token: str) -> str:
 
 
 def _record_fast(
-    request: _Request, run_id: uuid.UUID, started_at: datetime, answer: transport.Answer
-) -> bool:
-    """Record a fast success in one statement (autocommit: durable before the run is
-    settled); False: the whole way must decide (the attempt's lock is let go either way)."""
+    request: _Request,
+    run_id: uuid.UUID,
+    started_at: datetime,
+    answer: transport.Answer,
+    *,
+    tried: list[int],
+    durable: bool,
+) -> tuple[int | None, bool] | None:
+    """Record a fast success in one statement (autocommit), with the run's next delivery
+    (not in ``tried``): that next one's id, and whether the commit waited for the disk
+    (``durable``, or the run's last). None: the whole way must decide (the attempt's lock
+    is let go either way)."""
     with connection.cursor() as cursor:
         cursor.execute(
             _RECORD_FAST,
@@ -483,10 +643,86 @@ def _record_fast(
                 "latency_ms": answer.latency_ms,
                 "excerpt": answer.excerpt[:EXCERPT_CHARS],
                 "now": timezone.now(),
+                "tried": tried,
+                "durable": durable,
             },
         )
-        recorded, _ = cursor.fetchone()
-    return bool(recorded)
+        recorded, next_id, _, commit = cursor.fetchone()
+    if not recorded:
+        return None
+    return next_id, commit == "on"
+
+
+def _next_of_run(run_id: uuid.UUID, tried: list[int]) -> int | None:
+    """The oldest delivery scheduled on the run that it has not tried yet."""
+    return (
+        WebhookDelivery.objects.filter(status=DeliveryStatus.PENDING, scheduled_run_id=run_id)
+        .exclude(pk__in=tried)
+        .order_by("id")
+        .values_list("id", flat=True)
+        .first()
+    )
+
+
+def _flush(delivery_id: int) -> None:
+    """Make the run's outcomes durable: a commit that waits for the disk (a row written
+    again, the last recorded delivery's, since a commit that wrote nothing does not wait)
+    waits for every earlier commit's too."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE webhook_deliveries SET finished_at = finished_at WHERE id = %s", [delivery_id]
+        )
+
+
+def _hand_on(run_id: uuid.UUID) -> bool:
+    """The deliveries still scheduled on a run that stopped short get their way forward,
+    decided under their endpoint's row lock as every parking is: held (the endpoint
+    disabled); parked (it fails, with a probe kept on its way; or behind a live attempt
+    of it, whose outcome takes them up); otherwise a new run, due now. Whether it wrote
+    anything (durably).
+
+    Their rows are locked first, waiting for events that are joining the run (each holds
+    a row of it FOR SHARE to its commit), then read again until no new one turns up, and
+    only then the endpoint's: an event's transaction that holds the endpoint FOR SHARE
+    (a failing one's) never waits for these rows (it joins with SKIP LOCKED)."""
+    if not _pending_of_run(run_id):
+        return False
+    with transaction.atomic():
+        rest = {delivery.pk: delivery for delivery in _pending_of_run(run_id, lock=True)}
+        while more := [d for d in _pending_of_run(run_id, lock=True) if d.pk not in rest]:
+            rest.update((delivery.pk, delivery) for delivery in more)
+        if not rest:
+            return False
+        deliveries = sorted(rest.values(), key=lambda delivery: delivery.pk)
+        endpoint = WebhookEndpoint.objects.select_for_update(no_key=True).get(
+            pk=deliveries[0].endpoint_id
+        )
+        now = timezone.now()
+        failing = endpoint.failing_since is not None
+        if not endpoint.is_active or failing or _wait(endpoint, deliveries[0], now) is not None:
+            for delivery in deliveries:
+                delivery.park()
+        else:
+            _schedule_together(deliveries, delay=None)
+            for delivery in deliveries:
+                delivery.attempt_started_at = None
+        WebhookDelivery.objects.bulk_update(deliveries, _PARKED_FIELDS)
+        if endpoint.is_active and failing and not _has_scheduled(endpoint):
+            # The endpoint's probe ended with this run: the oldest parked one is next.
+            _unpark(endpoint, 1, delay=probe_interval(endpoint, now))
+    return True
+
+
+_PARKED_FIELDS = ["scheduled_run_id", "next_attempt_at", "attempt_started_at"]
+
+
+def _pending_of_run(run_id: uuid.UUID, *, lock: bool = False) -> list[WebhookDelivery]:
+    deliveries = WebhookDelivery.objects.filter(
+        status=DeliveryStatus.PENDING, scheduled_run_id=run_id
+    ).order_by("id")
+    if lock:
+        deliveries = deliveries.select_for_update()
+    return list(deliveries)
 
 
 def _hold_attempt(delivery_id: int) -> None:
@@ -551,6 +787,11 @@ _ALIVE_EXPRESSION = RawSQL(  # noqa: S611 (the module's own constants, no input)
 )
 
 
+# Seconds a run of webhook.deliver keeps in hand past its last attempt's budget, for its
+# hand-on and for the worker's bookkeeping around it.
+RUN_MARGIN_SECONDS = 5.0
+
+
 def _attempt_budget() -> timedelta:
     return timedelta(seconds=settings.WEBHOOK_TIMEOUT + 5)
 
@@ -592,7 +833,7 @@ def _record(
             endpoint.failing_since = None
             _unpark(endpoint, UNPARK_BATCH, delay=None)
         else:
-            outcome = _after_failure(endpoint, delivery, now, answer, outcome)
+            outcome = _after_failure(endpoint, delivery, now, answer, outcome, run_id)
         delivery.save()
         if _health(endpoint) != health_before:
             # Written only when it changed: a healthy receiver's attempts write no endpoint row.
@@ -619,10 +860,12 @@ def _after_failure(
     now: datetime,
     answer: transport.Answer,
     outcome: Outcome,
+    run_id: uuid.UUID,
 ) -> Outcome:
     """Retry, park or fail the delivery, and keep its endpoint with exactly one probe on
     its way while it has parked deliveries. Under the endpoint's row lock, so that two
-    outcomes of the same endpoint decide one after the other."""
+    outcomes of the same endpoint decide one after the other. The other deliveries of its
+    run do not count as the probe: the run stops here and hands them on (``_hand_on``)."""
     began_failing = endpoint.failing_since is None
     _endpoint_failed(endpoint, now, answer)
     if began_failing:
@@ -639,7 +882,7 @@ def _after_failure(
             return outcome
         delivery.park()
         return Outcome.HELD
-    probe_on_its_way = _has_scheduled(endpoint, except_pk=delivery.pk)
+    probe_on_its_way = _has_scheduled(endpoint, except_pk=delivery.pk, except_run=run_id)
     if outcome is Outcome.FAILED:
         delivery.fail(now=now)
         if not probe_on_its_way:
@@ -713,14 +956,19 @@ def _retry_delay(
     return delay
 
 
-def _has_scheduled(endpoint: WebhookEndpoint, *, except_pk: int) -> bool:
-    return (
-        WebhookDelivery.objects.filter(
-            endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=False
-        )
-        .exclude(pk=except_pk)
-        .exists()
+def _has_scheduled(
+    endpoint: WebhookEndpoint, *, except_pk: int | None = None, except_run: uuid.UUID | None = None
+) -> bool:
+    """Whether a delivery of the endpoint (not ``except_pk``, nor one of run ``except_run``,
+    which stopped and hands them on) is scheduled: its probe, while it fails."""
+    scheduled = WebhookDelivery.objects.filter(
+        endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=False
     )
+    if except_pk is not None:
+        scheduled = scheduled.exclude(pk=except_pk)
+    if except_run is not None:
+        scheduled = scheduled.exclude(scheduled_run_id=except_run)
+    return scheduled.exists()
 
 
 def _park_scheduled(endpoint: WebhookEndpoint, *, except_pk: int) -> None:
@@ -745,15 +993,16 @@ def _park_scheduled(endpoint: WebhookEndpoint, *, except_pk: int) -> None:
 
 def _unpark(endpoint: WebhookEndpoint, limit: int, *, delay: float | None = None) -> int:
     """Schedule up to ``limit`` parked deliveries of the endpoint, oldest first, due after
-    ``delay``. They come at the pace the receiver takes them: the slow-receiver guard lets
-    a fast one take them at once and defers them for a slow one."""
+    ``delay``, DELIVERIES_PER_RUN to a run. They come at the pace the receiver takes them:
+    the slow-receiver guard lets a fast one take them at once and defers them for a slow
+    one."""
     parked = list(
         WebhookDelivery.objects.select_for_update(skip_locked=True)
         .filter(endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=True)
         .order_by("id")[:limit]
     )
-    for delivery in parked:
-        _schedule(delivery, delay=delay)
+    for start in range(0, len(parked), DELIVERIES_PER_RUN):
+        _schedule_together(parked[start : start + DELIVERIES_PER_RUN], delay=delay)
     WebhookDelivery.objects.bulk_update(parked, ["scheduled_run_id", "next_attempt_at"])
     return len(parked)
 

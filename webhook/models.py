@@ -225,12 +225,19 @@ class WebhookDelivery(models.Model):
                 condition=Q(status="pending", scheduled_run_id__isnull=True),
                 name="webhook_deliveries_parked_idx",
             ),
-            # A probe's search (the stranded check's, and the event listener's while its
-            # endpoint fails): an endpoint's scheduled deliveries.
+            # An endpoint's scheduled deliveries, newest first: the run a new delivery joins
+            # (the event listener), and a probe's search (the stranded check's, and the
+            # event listener's while its endpoint fails).
             models.Index(
-                fields=["endpoint"],
+                fields=["endpoint", "id"],
                 condition=Q(status="pending", scheduled_run_id__isnull=False),
-                name="webhook_deliveries_sched_idx",
+                name="webhook_deliveries_newest_idx",
+            ),
+            # A run's deliveries, oldest first: the run takes them one after another.
+            models.Index(
+                fields=["scheduled_run_id", "id"],
+                condition=Q(status="pending", scheduled_run_id__isnull=False),
+                name="webhook_deliveries_run_idx",
             ),
             # The stranded check: scheduled deliveries long past their due time.
             models.Index(
