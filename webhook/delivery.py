@@ -23,11 +23,11 @@ import functools
 import json
 import logging
 import random
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from time import monotonic
 from typing import Any
 
 from django.conf import settings
@@ -60,6 +60,10 @@ UNPARK_BATCH = 100
 # joins its endpoint's run due now while it has fewer. More runs of a fast receiver go on
 # at once, one per worker slot.
 DELIVERIES_PER_RUN = 100
+# Deliveries of a run to a fast receiver begun together, and their successes recorded
+# together: two statements for a batch. Each still counts as in flight until recorded, so
+# a batch is short enough to be sent well within WEBHOOK_SLOW_SECONDS.
+BATCH = 10
 # A failing endpoint's probe comes back after this share of how long it has been failing.
 PROBE_SHARE = 0.05
 # The advisory lock's first key: an attempt in flight holds (ATTEMPT_LOCK_NAMESPACE,
@@ -275,23 +279,24 @@ class _Request:
 def delivery_attempt(*, delivery_id: int, run_id: uuid.UUID) -> Outcome:
     """Make the attempt of one delivery that run ``run_id`` was scheduled for, and record
     what came of it (durably): a run's step, alone."""
-    return _step(delivery_id, run_id, tried=[delivery_id], durable=True).outcome
+    (outcome,) = _step(delivery_id, run_id, tried=[delivery_id], durable=True).outcomes
+    return outcome
 
 
 @dataclass(frozen=True)
 class _Done:
-    """What one step of a run came to."""
+    """What one step of a run came to: one delivery's attempt, or a batch's."""
 
-    outcome: Outcome
-    # Whether the run takes its next delivery: this one was delivered fast (or was not the
+    outcomes: list[Outcome]
+    # Whether the run takes its next deliveries: these were delivered fast (or were not the
     # run's business), so the receiver takes the next at once.
     goes_on: bool = False
     # The run's next delivery, when the step's own statement looked it up.
     next_id: int | None = None
     next_known: bool = False
-    # An outcome committed without waiting for the disk: the run makes it durable before
-    # it returns.
-    unflushed: bool = False
+    # The last delivery whose outcome was committed without waiting for the disk (and no
+    # durable commit after it): the run makes it durable before it returns.
+    unflushed: int | None = None
 
 
 def deliveries_run(
@@ -303,27 +308,33 @@ def deliveries_run(
 ) -> list[Outcome]:
     """The attempts run ``run_id`` was scheduled for: ``delivery_id`` first, then the other
     deliveries scheduled on the run, oldest first, one after another on the receiver's kept
-    connection. It goes on while they are delivered fast, ``most`` at most, and begins none
-    once ``deadline`` (``time.monotonic()``) has passed. What it did not take when it stops
-    is handed on (``_hand_on``), and every outcome is durable, before it returns: the
-    worker marks the run done only after."""
+    connection (begun and recorded ``BATCH`` at a time while the receiver answers fast).
+    It goes on while they are delivered fast, ``most`` at most, and begins none once
+    ``deadline`` (``time.monotonic()``) has passed. What it did not take when it stops is
+    handed on (``_hand_on``), and every outcome is durable, before it returns: the worker
+    marks the run done only after."""
     outcomes: list[Outcome] = []
-    tried: list[int] = []
-    unflushed: int | None = None
-    next_id: int | None = delivery_id
-    while next_id is not None:
-        tried.append(next_id)
-        done = _step(next_id, run_id, tried=tried, durable=False)
-        outcomes.append(done.outcome)
-        if done.unflushed:
-            unflushed = next_id
-        elif done.outcome is not Outcome.STALE:
+    tried = [delivery_id]
+    done = _step(delivery_id, run_id, tried=tried)
+    unflushed = None
+    while True:
+        outcomes.extend(done.outcomes)
+        if done.unflushed is not None:
+            unflushed = done.unflushed
+        elif any(outcome is not Outcome.STALE for outcome in done.outcomes):
             unflushed = None  # committed durably, and every earlier commit with it
         if done.goes_on:
             next_id = done.next_id if done.next_known else _next_of_run(run_id, tried)
             if next_id is None:
                 break  # every delivery of the run taken
-            if len(tried) < most and (deadline is None or time.monotonic() < deadline):
+            room = most - len(tried)
+            if room > 0 and (deadline is None or monotonic() < deadline):
+                done = _batch(run_id, tried, size=min(BATCH, room), deadline=deadline)
+                if done is None:
+                    # Not begun as a batch (the receiver no longer counts as fast, or one
+                    # of its attempts runs long): the whole way, one delivery.
+                    tried.append(next_id)
+                    done = _step(next_id, run_id, tried=tried)
                 continue
         # Stopped short: a slow or failing receiver, its endpoint disabled or busy, the
         # run's share or time spent.
@@ -344,18 +355,101 @@ def run_deadline(started: float) -> float:
     return started + limit - _attempt_budget().total_seconds() - RUN_MARGIN_SECONDS
 
 
-def _step(delivery_id: int, run_id: uuid.UUID, *, tried: list[int], durable: bool) -> _Done:
+def _step(delivery_id: int, run_id: uuid.UUID, *, tried: list[int], durable: bool = False) -> _Done:
+    """One delivery's attempt, begun and recorded on its own: the run's first, and any
+    its receiver does not take as fast."""
     request = _begin_fast(delivery_id, run_id) or _begin(delivery_id, run_id)
     if isinstance(request, Outcome):
         # Not attempted. A delivery that is not the run's any more (another run's, parked,
         # finished) leaves the run's others to it; any other (disabled, deferred) stops it.
-        return _Done(request, goes_on=request is Outcome.STALE)
+        return _Done([request], goes_on=request is Outcome.STALE)
     # The attempt's log lines name the job the event is about (the task's run binds the rest).
     with log_context(job_id=_job_id_of(request.body)):
-        return _attempt(request, run_id, tried=tried, durable=durable)
+        started_at, answer = _send(request)
+        if _delivered_fast(answer):
+            recorded = _record_fast(
+                request, run_id, started_at, answer, tried=tried, durable=durable
+            )
+            if recorded is not None:
+                _log_outcome(request, Outcome.DELIVERED, answer)
+                next_id, waited = recorded
+                return _Done(
+                    [Outcome.DELIVERED],
+                    goes_on=True,
+                    next_id=next_id,
+                    next_known=True,
+                    unflushed=None if waited else request.delivery_id,
+                )
+            outcome = _record(request, run_id, started_at, answer)
+        else:
+            try:
+                outcome = _record(request, run_id, started_at, answer)
+            finally:
+                _let_go_attempt(request.delivery_id)
+    return _Done([outcome], goes_on=outcome is Outcome.DELIVERED and _fast(answer))
 
 
-def _attempt(request: _Request, run_id: uuid.UUID, *, tried: list[int], durable: bool) -> _Done:
+def _batch(
+    run_id: uuid.UUID, tried: list[int], *, size: int, deadline: float | None
+) -> _Done | None:
+    """The run's next ``size`` deliveries (not in ``tried``), begun in one statement, sent
+    one after another, and their fast successes recorded in one: while the receiver answers
+    fast, two statements a batch. The first answer that is not a fast success is recorded
+    on its own, the whole way, and stops the batch: the ones not sent are let go (no
+    longer in flight) for the run's hand-on. None: no batch begun (the endpoint does not
+    count as fast, or an attempt of it runs past WEBHOOK_SLOW_SECONDS)."""
+    requests = _begin_batch(run_id, tried, size)
+    if not requests:
+        return None
+    tried.extend(request.delivery_id for request in requests)
+    sent: list[tuple[_Request, datetime, transport.Answer]] = []
+    stop: tuple[_Request, datetime, transport.Answer] | None = None
+    unsent: list[_Request] = []
+    for position, request in enumerate(requests):
+        if position and deadline is not None and monotonic() >= deadline:
+            unsent = requests[position:]
+            break
+        with log_context(job_id=_job_id_of(request.body)):
+            started_at, answer = _send(request)
+        if not _delivered_fast(answer):
+            stop = (request, started_at, answer)
+            unsent = requests[position + 1 :]
+            break
+        sent.append((request, started_at, answer))
+    recorded, next_id, waited = _record_batch(run_id, requests[0].endpoint_id, sent, unsent, tried)
+    outcomes = []
+    whole_way = False
+    for request, started_at, answer in sent:
+        with log_context(job_id=_job_id_of(request.body)):
+            if request.delivery_id in recorded:
+                _log_outcome(request, Outcome.DELIVERED, answer)
+                outcomes.append(Outcome.DELIVERED)
+            else:
+                # Not recorded with the others (parked deliveries to take up, a failure
+                # recorded meanwhile): the whole way decides.
+                whole_way = True
+                outcomes.append(_record(request, run_id, started_at, answer))
+    if stop is not None:
+        request, started_at, answer = stop
+        with log_context(job_id=_job_id_of(request.body)):
+            try:
+                outcomes.append(_record(request, run_id, started_at, answer))
+            finally:
+                _let_go_attempt(request.delivery_id)
+    goes_on = (
+        stop is None and not unsent and all(outcome is Outcome.DELIVERED for outcome in outcomes)
+    )
+    last_sent = sent[-1][0].delivery_id if sent else None
+    return _Done(
+        outcomes,
+        goes_on=goes_on,
+        next_id=next_id,
+        next_known=not whole_way,
+        unflushed=None if waited or whole_way or stop is not None else last_sent,
+    )
+
+
+def _send(request: _Request) -> tuple[datetime, transport.Answer]:
     started_at = timezone.now()
     with tracing.maybe_span(
         "webhook.deliver POST",
@@ -373,31 +467,20 @@ def _attempt(request: _Request, run_id: uuid.UUID, *, tried: list[int], durable:
                 span.set_attribute("http.response.status_code", answer.status_code)
             if answer.error or (answer.status_code or 0) >= 400:
                 span.set_status(tracing.StatusCode.ERROR, answer.error[:200] or None)
-    fast = answer.latency_ms < settings.WEBHOOK_SLOW_SECONDS * 1000
-    if (
+    return started_at, answer
+
+
+def _fast(answer: transport.Answer) -> bool:
+    return answer.latency_ms < settings.WEBHOOK_SLOW_SECONDS * 1000
+
+
+def _delivered_fast(answer: transport.Answer) -> bool:
+    return (
         not answer.error
         and answer.status_code is not None
         and 200 <= answer.status_code < 300
-        and fast
-    ):
-        recorded = _record_fast(request, run_id, started_at, answer, tried=tried, durable=durable)
-        if recorded is not None:
-            _log_outcome(request, Outcome.DELIVERED, answer)
-            next_id, waited = recorded
-            return _Done(
-                Outcome.DELIVERED,
-                goes_on=True,
-                next_id=next_id,
-                next_known=True,
-                unflushed=not waited,
-            )
-        outcome = _record(request, run_id, started_at, answer)
-    else:
-        try:
-            outcome = _record(request, run_id, started_at, answer)
-        finally:
-            _let_go_attempt(request.delivery_id)
-    return _Done(outcome, goes_on=outcome is Outcome.DELIVERED and fast)
+        and _fast(answer)
+    )
 
 
 def _post(request: _Request, started_at: datetime) -> transport.Answer:
@@ -651,6 +734,167 @@ def _record_fast(
     if not recorded:
         return None
     return next_id, commit == "on"
+
+
+# A batch of a run (its next deliveries, up to BATCH) to a receiver that answers fast,
+# begun in one statement: each row as ``_BEGIN_FAST`` begins one (an attempt of another
+# run in flight past WEBHOOK_SLOW_SECONDS begins none), the liveness lock taken for each.
+# Their rows' locks wait for the events joining the run at them, as a single beginning
+# does. Committed without waiting for the disk, as ``_BEGIN_FAST``.
+_BEGIN_BATCH = f"""
+    WITH chosen AS (
+        SELECT id FROM webhook_deliveries
+         WHERE scheduled_run_id = %(run_id)s AND status = 'pending' AND id <> ALL(%(tried)s)
+         ORDER BY id
+         LIMIT %(size)s
+    ), begun AS (
+        UPDATE webhook_deliveries AS d
+           SET attempt_started_at = %(now)s
+          FROM webhook_endpoints AS e
+         WHERE d.id IN (SELECT id FROM chosen) AND d.status = 'pending'
+           AND d.scheduled_run_id = %(run_id)s
+           AND e.id = d.endpoint_id AND e.status = 'active' AND e.answers_fast
+           AND NOT EXISTS (
+               SELECT 1 FROM webhook_deliveries AS o
+                WHERE o.endpoint_id = d.endpoint_id
+                  AND o.scheduled_run_id IS DISTINCT FROM %(run_id)s
+                  AND o.attempt_started_at > %(lost_before)s
+                  AND o.attempt_started_at < %(slow_before)s
+                  AND {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="o")})
+     RETURNING d.id, d.body, d.message_id, d.attempts, d.endpoint_id, e.url, e.secret,
+               e.previous_secret, e.previous_secret_expires_at
+    )
+    SELECT begun.*,
+           pg_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="begun.id")}),
+           set_config('synchronous_commit', 'off', true)
+      FROM begun
+     ORDER BY begun.id
+"""  # noqa: S608 (only the module's own constants are formatted in)
+
+# The fast successes of a batch recorded in one statement, as ``_RECORD_FAST`` records one
+# (none, if its endpoint is found failing, slow, disabled or with parked deliveries: each
+# then goes the whole way); the batch's deliveries not sent are let go (no longer in
+# flight), every liveness lock of the batch but the one of an answer still to record is
+# let go, and the run's next delivery is looked up. Durable only when the run has no next.
+_RECORD_BATCH = f"""
+    WITH endpoint AS (
+        SELECT id FROM webhook_endpoints
+         WHERE id = %(endpoint_id)s AND status = 'active' AND answers_fast
+           AND failing_since IS NULL
+           AND NOT EXISTS (
+               SELECT 1 FROM webhook_deliveries
+                WHERE endpoint_id = %(endpoint_id)s AND status = 'pending'
+                  AND scheduled_run_id IS NULL)
+           FOR SHARE
+    ), outcome AS (
+        SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(started)s::timestamptz[],
+                             %(codes)s::int[], %(latencies)s::int[], %(excerpts)s::text[])
+            AS o(id, number, started_at, status_code, latency_ms, excerpt)
+    ), delivered AS (
+        UPDATE webhook_deliveries AS d
+           SET status = 'delivered', attempts = o.number, attempt_started_at = NULL,
+               last_status_code = o.status_code, last_latency_ms = o.latency_ms,
+               last_error = '', finished_at = %(now)s, next_attempt_at = NULL,
+               scheduled_run_id = NULL
+          FROM endpoint, outcome AS o
+         WHERE d.id = o.id AND d.endpoint_id = endpoint.id
+           AND d.status = 'pending' AND d.scheduled_run_id = %(run_id)s
+     RETURNING d.id
+    ), attempt AS (
+        INSERT INTO webhook_attempts
+               (delivery_id, number, started_at, status_code, latency_ms, error,
+                response_excerpt)
+        SELECT o.id, o.number, o.started_at, o.status_code, o.latency_ms, '', o.excerpt
+          FROM outcome AS o JOIN delivered ON delivered.id = o.id
+     RETURNING delivery_id
+    ), unsent AS (
+        UPDATE webhook_deliveries SET attempt_started_at = NULL
+         WHERE id = ANY(%(unsent)s::bigint[]) AND status = 'pending'
+           AND scheduled_run_id = %(run_id)s
+     RETURNING id
+    )
+    SELECT recorded, next.id,
+           (SELECT count(pg_advisory_unlock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="x")}))
+              FROM unnest(%(ids)s::bigint[] || %(unsent)s::bigint[]) AS x),
+           (SELECT count(*) FROM unsent),
+           set_config('synchronous_commit',
+                      CASE WHEN next.id IS NULL OR cardinality(recorded) = 0
+                           THEN 'on' ELSE 'off' END, true)
+      FROM (SELECT coalesce(array_agg(delivery_id), '{{}}') AS recorded FROM attempt) AS outcome,
+           LATERAL (SELECT (SELECT id FROM webhook_deliveries
+                             WHERE scheduled_run_id = %(run_id)s AND status = 'pending'
+                               AND id <> ALL(%(tried)s)
+                             ORDER BY id LIMIT 1) AS id) AS next
+"""  # noqa: S608 (only the module's own constants are formatted in)
+
+
+def _begin_batch(run_id: uuid.UUID, tried: list[int], size: int) -> list[_Request]:
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _BEGIN_BATCH,
+            {
+                "run_id": run_id,
+                "tried": tried,
+                "size": size,
+                "now": now,
+                "lost_before": now - _attempt_budget(),
+                "slow_before": now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS),
+            },
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return []
+    _, _, _, _, endpoint_id, url, secret, previous, expires, _, _ = rows[0]
+    secrets = WebhookEndpoint(
+        secret=_unsealed(secret),
+        previous_secret=_unsealed(previous),
+        previous_secret_expires_at=expires,
+    ).signing_secrets(now)
+    return [
+        _Request(
+            delivery_id=delivery_id,
+            endpoint_id=endpoint_id,
+            url=url,
+            body=body,
+            message_id=message_id,
+            secrets=secrets,
+            number=attempts + 1,
+        )
+        for delivery_id, body, message_id, attempts, *_ in rows
+    ]
+
+
+def _record_batch(
+    run_id: uuid.UUID,
+    endpoint_id: int,
+    sent: list[tuple[_Request, datetime, transport.Answer]],
+    unsent: list[_Request],
+    tried: list[int],
+) -> tuple[set[int], int | None, bool]:
+    """Record a batch's fast successes together (see ``_RECORD_BATCH``): the deliveries
+    recorded, the run's next delivery, and whether the commit waited for the disk."""
+    if not sent and not unsent:
+        return set(), None, True  # its first answer stopped it: nothing to record together
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RECORD_BATCH,
+            {
+                "endpoint_id": endpoint_id,
+                "run_id": run_id,
+                "ids": [request.delivery_id for request, _, _ in sent],
+                "numbers": [request.number for request, _, _ in sent],
+                "started": [started_at for _, started_at, _ in sent],
+                "codes": [answer.status_code for _, _, answer in sent],
+                "latencies": [answer.latency_ms for _, _, answer in sent],
+                "excerpts": [answer.excerpt[:EXCERPT_CHARS] for _, _, answer in sent],
+                "unsent": [request.delivery_id for request in unsent],
+                "tried": tried,
+                "now": timezone.now(),
+            },
+        )
+        recorded, next_id, _, _, commit = cursor.fetchone()
+    return set(recorded), next_id, commit == "on"
 
 
 def _next_of_run(run_id: uuid.UUID, tried: list[int]) -> int | None:
