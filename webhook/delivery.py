@@ -61,9 +61,9 @@ UNPARK_BATCH = 100
 # at once, one per worker slot.
 DELIVERIES_PER_RUN = 100
 # Deliveries of a run to a fast receiver begun together, and their successes recorded
-# together: two statements for a batch. Each still counts as in flight until recorded, so
-# a batch is short enough to be sent well within WEBHOOK_SLOW_SECONDS.
-BATCH = 10
+# together: two statements for a batch. Each counts as in flight until recorded, so a
+# batch sends for half of WEBHOOK_SLOW_SECONDS at most (``_batch``).
+BATCH = 25
 # A failing endpoint's probe comes back after this share of how long it has been failing.
 PROBE_SHARE = 0.05
 # The advisory lock's first key: an attempt in flight holds (ATTEMPT_LOCK_NAMESPACE,
@@ -395,20 +395,30 @@ def _batch(
     """The run's next ``size`` deliveries (not in ``tried``), begun in one statement, sent
     one after another, and their fast successes recorded in one: while the receiver answers
     fast, two statements a batch. The first answer that is not a fast success is recorded
-    on its own, the whole way, and stops the batch: the ones not sent are let go (no
-    longer in flight) for the run's hand-on. None: no batch begun (the endpoint does not
-    count as fast, or an attempt of it runs past WEBHOOK_SLOW_SECONDS)."""
+    on its own, the whole way, and stops the batch and the run: the ones not sent are let
+    go (no longer in flight) for the run's hand-on, as when the run's deadline comes.
+
+    Each delivery of a batch counts as in flight from the batch's beginning, so the batch
+    sends no more once half of WEBHOOK_SLOW_SECONDS has gone by: the rest are let go, and
+    the run goes on with a batch begun afresh (a batch of a receiver that answers in
+    0.1 s is five deliveries, not looking slow to the guard of the endpoint's other
+    runs). None: no batch begun (the endpoint does not count as fast, or an attempt of
+    it runs past WEBHOOK_SLOW_SECONDS)."""
     requests = _begin_batch(run_id, tried, size)
     if not requests:
         return None
-    tried.extend(request.delivery_id for request in requests)
+    began = monotonic()
     sent: list[tuple[_Request, datetime, transport.Answer]] = []
     stop: tuple[_Request, datetime, transport.Answer] | None = None
     unsent: list[_Request] = []
+    cut = False  # the batch's time spent: the run goes on
     for position, request in enumerate(requests):
-        if position and deadline is not None and monotonic() >= deadline:
-            unsent = requests[position:]
-            break
+        if position:
+            now = monotonic()
+            cut = now - began >= settings.WEBHOOK_SLOW_SECONDS / 2
+            if cut or (deadline is not None and now >= deadline):
+                unsent = requests[position:]
+                break
         with log_context(job_id=_job_id_of(request.body)):
             started_at, answer = _send(request)
         if not _delivered_fast(answer):
@@ -416,6 +426,8 @@ def _batch(
             unsent = requests[position + 1 :]
             break
         sent.append((request, started_at, answer))
+    # What the run took: the ones let go for the batch's time are taken again next.
+    tried.extend(request.delivery_id for request in requests if not cut or request not in unsent)
     recorded, next_id, waited = _record_batch(run_id, requests[0].endpoint_id, sent, unsent, tried)
     outcomes = []
     whole_way = False
@@ -437,7 +449,9 @@ def _batch(
             finally:
                 _let_go_attempt(request.delivery_id)
     goes_on = (
-        stop is None and not unsent and all(outcome is Outcome.DELIVERED for outcome in outcomes)
+        stop is None
+        and (cut or not unsent)
+        and all(outcome is Outcome.DELIVERED for outcome in outcomes)
     )
     last_sent = sent[-1][0].delivery_id if sent else None
     return _Done(

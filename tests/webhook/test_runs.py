@@ -405,3 +405,34 @@ def test_a_run_that_stops_short_waits_for_an_event_joining_it_and_hands_it_on_to
     assert len({d.scheduled_run_id for d in rest}) == 1
     assert rest[0].scheduled_run_id != run_of(row)
     assert run_due_attempts() == 3
+
+
+def test_a_batch_sends_for_half_the_slow_mark_then_the_run_begins_the_next(
+    receiver, make_endpoint, tenant, settings, monkeypatch
+):
+    # Each delivery of a batch counts as in flight from the batch's beginning: a batch that
+    # went on past the slow mark would look like a slow attempt to the endpoint's other runs.
+    settings.WEBHOOK_SLOW_SECONDS = 1.0
+    endpoint = a_fast_endpoint(make_endpoint, tenant, receiver)
+    with transaction.atomic():
+        for _ in range(6):
+            complete_a_job(tenant)
+    (row,) = map(sent, due_deliver_runs())
+    clock = iter(step * 0.3 for step in range(1000))  # 0.3 s a reading
+    monkeypatch.setattr(engine, "monotonic", lambda: next(clock))
+
+    with CaptureQueriesContext(connection) as captured:
+        outcomes = deliveries_run(
+            delivery_id=row.envelope["payload"]["delivery_id"], run_id=run_of(row)
+        )
+
+    assert outcomes == [Outcome.DELIVERED] * 6
+    # After its first, the run's five in batches of two (the third reading is past 0.5 s),
+    # each begun afresh: the ones let go are begun again by the next.
+    begun = [q["sql"] for q in captured.captured_queries if "WITH chosen AS" in q["sql"]]
+    assert len(begun) == 3
+    assert [r.headers["webhook-id"] for r in receiver.requests()] == [
+        d.message_id for d in deliveries(endpoint)[1:]
+    ]
+    assert not WebhookDelivery.objects.filter(attempt_started_at__isnull=False).exists()
+    assert due_deliver_runs() == []
