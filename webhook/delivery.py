@@ -186,10 +186,12 @@ def _endpoints_parking(endpoint_ids: list[int]) -> set[int]:
 
 # The run a new delivery joins: its endpoint's newest delivery that is scheduled, due and
 # not begun, locked FOR SHARE until the event's commit, if its run holds fewer than
-# DELIVERIES_PER_RUN. The run's worker begins that delivery (an UPDATE of its row) after
-# this commit, so it finds the new one among its deliveries; or it began it before, and the
-# lock finds it begun (READ COMMITTED checks the row's latest version once the lock is
-# had) and the new delivery takes a run of its own. SKIP LOCKED: a delivery a run is
+# DELIVERIES_PER_RUN and none of them is begun (a run at work, or one whose worker died in
+# the middle of it: a new delivery never waits for a dead run's lease). The run's worker
+# begins that delivery (an UPDATE of its row) after this commit, so it finds the new one
+# among its deliveries; or it began it before, and the lock finds it begun (READ
+# COMMITTED checks the row's latest version once the lock is had) and the new delivery
+# takes a run of its own. SKIP LOCKED: a delivery a run is
 # beginning or handing on right now is passed over, so an event never waits for a worker.
 _RUNS_TO_JOIN = """
     SELECT e.id, d.scheduled_run_id, d.next_attempt_at
@@ -203,7 +205,11 @@ _RUNS_TO_JOIN = """
             ORDER BY o.id DESC
             LIMIT 1
               FOR SHARE SKIP LOCKED) AS d
-     WHERE (SELECT count(*) FROM (
+     WHERE NOT EXISTS (
+               SELECT 1 FROM webhook_deliveries AS m
+                WHERE m.scheduled_run_id = d.scheduled_run_id AND m.status = 'pending'
+                  AND m.attempt_started_at IS NOT NULL)
+       AND (SELECT count(*) FROM (
                 SELECT 1 FROM webhook_deliveries AS m
                  WHERE m.scheduled_run_id = d.scheduled_run_id AND m.status = 'pending'
                  LIMIT %(most)s) AS members) < %(most)s

@@ -436,3 +436,21 @@ def test_a_batch_sends_for_half_the_slow_mark_then_the_run_begins_the_next(
     ]
     assert not WebhookDelivery.objects.filter(attempt_started_at__isnull=False).exists()
     assert due_deliver_runs() == []
+
+
+def test_an_event_never_joins_a_run_at_work_or_whose_worker_died_in_it(
+    receiver, make_endpoint, tenant
+):
+    endpoint = a_fast_endpoint(make_endpoint, tenant, receiver)
+    with transaction.atomic():
+        for _ in range(3):
+            complete_a_job(tenant)
+    first, *rest = deliveries(endpoint)[1:]
+    # Its worker began the first (and is at it, or died there: its lease will tell).
+    WebhookDelivery.objects.filter(pk=first.pk).update(attempt_started_at=first.created_at)
+
+    complete_a_job(tenant)
+
+    new = deliveries(endpoint)[-1]
+    assert new.scheduled_run_id not in (None, first.scheduled_run_id)
+    assert {d.scheduled_run_id for d in rest} == {first.scheduled_run_id}
