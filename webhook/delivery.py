@@ -1,9 +1,12 @@
 """The delivery engine: a tenant's events delivered to its webhook endpoints.
 
 Deliveries are born in ``deliveries_record``, the outbox's event listener, inside the
-transaction that records the event; each is then attempted by a run of ``webhook.deliver``
-(``delivery_attempt``), and each retry is a new run, due after the next delay of
-``WEBHOOK_RETRY_DELAYS``. The HTTP request happens outside any transaction.
+transaction that records the event, each joining its endpoint's run of ``webhook.deliver``
+that is due and not at work yet (up to ``DELIVERIES_PER_RUN``) or taking a new one. A run
+(``deliveries_run``) attempts its deliveries one after another, a fast receiver's in
+batches begun and recorded together, and hands on what it did not take when it stops
+short (``_hand_on``); each retry is a new run, due after the next delay of
+``WEBHOOK_RETRY_DELAYS``. The HTTP requests happen outside any transaction.
 
 While an endpoint fails, one delivery probes it (the one scheduled) and the others are
 parked. The probe comes back after at most ``probe_interval`` however far its own schedule
