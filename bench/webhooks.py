@@ -177,17 +177,69 @@ def arrived_all(expected: list[tuple[Tenancy, int]]):
     return check
 
 
-def throughput(tenancies: list[Tenancy], count: int) -> float:
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far; 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+class CpuMeter:
+    """CPU time used by the relay, the worker and this benchmark's database sessions (the
+    server processes of its database: PostgreSQL runs on this machine) between ``start``
+    and ``stop``: what the hub's deliveries cost in CPU, however loaded the machine is."""
+
+    def __init__(self, daemons: list[subprocess.Popen]) -> None:
+        self.relay, self.worker = (process.pid for process in daemons)
+
+    def _backends(self) -> list[int]:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            return [pid for (pid,) in cursor.fetchall()]
+
+    def _sample(self) -> dict[str, dict[int, float]]:
+        return {
+            "relay": {self.relay: _cpu_seconds(self.relay)},
+            "worker": {self.worker: _cpu_seconds(self.worker)},
+            "database": {pid: _cpu_seconds(pid) for pid in self._backends()},
+        }
+
+    def start(self) -> None:
+        self.started = self._sample()
+
+    def stop(self) -> dict[str, float]:
+        ended = self._sample()
+        return {
+            part: sum(max(0.0, cpu - self.started[part].get(pid, 0.0)) for pid, cpu in pids.items())
+            for part, pids in ended.items()
+        }
+
+
+def throughput(tenancies: list[Tenancy], count: int, cpu: CpuMeter | None = None) -> float:
     expected: list[tuple[Tenancy, int]] = []
     with transaction.atomic():
         for number in range(count):
             tenancy = tenancies[number % len(tenancies)]
             expected.append((tenancy, tenancy.publish()))
+    if cpu is not None:
+        cpu.start()
     committed = time.time()
 
     if not wait_for(arrived_all(expected), timeout=600):
         raise SystemExit("not every delivery arrived within 10 minutes")
     last = max(t.receiver.arrivals[event_id] for t, event_id in expected)
+    first = min(t.receiver.arrivals[event_id] for t, event_id in expected)
     elapsed = last - committed
     event_ids = [event_id for _, event_id in expected]
     # The attempt is recorded just after the receiver answered.
@@ -203,9 +255,17 @@ def throughput(tenancies: list[Tenancy], count: int) -> float:
     )
     print(
         f"  hub:  {count} deliveries to {len(tenancies)} receivers in {elapsed:.2f} s = "
-        f"{count / elapsed:.0f}/s; HTTP request p50 {statistics.median(latencies):.0f} ms, "
+        f"{count / elapsed:.0f}/s (the first {(first - committed) * 1000:.0f} ms after the "
+        f"commit); HTTP request p50 {statistics.median(latencies):.0f} ms, "
         f"p95 {percentile(latencies, 95):.0f} ms"
     )
+    if cpu is not None:
+        used = cpu.stop()
+        print(
+            "        CPU a delivery: "
+            + ", ".join(f"{part} {seconds / count * 1e6:.0f} us" for part, seconds in used.items())
+            + f" (together {sum(used.values()) / count * 1e6:.0f} us)"
+        )
     return count / elapsed
 
 
@@ -251,19 +311,23 @@ def bare(tenancies: list[Tenancy], count: int, concurrency: int) -> float:
                 errors.append(exc)
 
     started = time.time()
+    cpu_started = time.process_time()
     threads = [threading.Thread(target=post) for _ in range(concurrency)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     elapsed = time.time() - started
+    # The receivers' share too: they run in this process.
+    cpu_used = time.process_time() - cpu_started
     for pool in pools:
         pool.close()
     if errors:
         raise SystemExit(f"the bare client failed {len(errors)} requests: {errors[0]!r}")
     print(
         f"  bare: {count} POSTs to {len(tenancies)} receivers in {elapsed:.2f} s = "
-        f"{count / elapsed:.0f}/s (urllib3, {concurrency} threads, kept connections)"
+        f"{count / elapsed:.0f}/s (urllib3, {concurrency} threads, kept connections); CPU a "
+        f"POST {cpu_used / count * 1e6:.0f} us, the receivers' included"
     )
     return count / elapsed
 
@@ -345,6 +409,7 @@ def main() -> None:
     log_dir = Path(os.environ.get("BENCH_LOG_DIR") or tempfile.mkdtemp(prefix="bench-webhooks-"))
     print(f"relay and worker logs in {log_dir}")
     daemons = start_daemons(args.concurrency, log_dir)
+    cpu = CpuMeter(daemons)
     try:
         print(
             f"worker concurrency {args.concurrency}; timeouts connect "
@@ -356,7 +421,7 @@ def main() -> None:
         hub_rates, bare_rates, ratios = [], [], []
         for number in range(1, args.rounds + 1):
             print(f"round {number} ({load_note()} at its start)")
-            hub_rates.append(throughput(tenancies, args.deliveries))
+            hub_rates.append(throughput(tenancies, args.deliveries, cpu))
             bare_rates.append(bare(tenancies, args.deliveries, args.concurrency))
             ratios.append(hub_rates[-1] / bare_rates[-1])
             print(f"  ratio hub/bare {ratios[-1]:.2f}")

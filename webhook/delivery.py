@@ -1,9 +1,12 @@
 """The delivery engine: a tenant's events delivered to its webhook endpoints.
 
 Deliveries are born in ``deliveries_record``, the outbox's event listener, inside the
-transaction that records the event; each is then attempted by a run of ``webhook.deliver``
-(``delivery_attempt``), and each retry is a new run, due after the next delay of
-``WEBHOOK_RETRY_DELAYS``. The HTTP request happens outside any transaction.
+transaction that records the event, each joining its endpoint's run of ``webhook.deliver``
+that is due and not at work yet (up to ``DELIVERIES_PER_RUN``) or taking a new one. A run
+(``deliveries_run``) attempts its deliveries one after another, a fast receiver's in
+batches begun and recorded together, and hands on what it did not take when it stops
+short (``_hand_on``); each retry is a new run, due after the next delay of
+``WEBHOOK_RETRY_DELAYS``. The HTTP requests happen outside any transaction.
 
 While an endpoint fails, one delivery probes it (the one scheduled) and the others are
 parked. The probe comes back after at most ``probe_interval`` however far its own schedule
@@ -27,6 +30,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
+from time import monotonic
 from typing import Any
 
 from django.conf import settings
@@ -39,6 +43,7 @@ from common import tracing
 from common.context import log_context
 from common.errors import Conflict, NotFound
 from job.selectors import job_get, job_public
+from outbox.catalog import get_catalog
 from outbox.listeners import RecordedEvent
 from outbox.services import actor_label, dispatch
 from webhook import transport
@@ -54,6 +59,14 @@ DELIVER_TASK = "webhook.deliver"
 EXCERPT_CHARS = 1024
 # Parked deliveries taken up per success of their endpoint (each success takes the next).
 UNPARK_BATCH = 100
+# Deliveries one run of webhook.deliver takes at most, one after another: a new delivery
+# joins its endpoint's run due now while it has fewer. More runs of a fast receiver go on
+# at once, one per worker slot.
+DELIVERIES_PER_RUN = 100
+# Deliveries of a run to a fast receiver begun together, and their successes recorded
+# together: two statements for a batch. Each counts as in flight until recorded, so a
+# batch sends for half of WEBHOOK_SLOW_SECONDS at most (``_batch``).
+BATCH = 25
 # A failing endpoint's probe comes back after this share of how long it has been failing.
 PROBE_SHARE = 0.05
 # The advisory lock's first key: an attempt in flight holds (ATTEMPT_LOCK_NAMESPACE,
@@ -110,8 +123,13 @@ def deliveries_record(event: RecordedEvent) -> list[int]:
         ]
         WebhookDelivery.objects.bulk_create(deliveries)
         scheduled = [delivery for delivery in deliveries if delivery.endpoint_id not in parking]
+        runs = _runs_to_join([delivery.endpoint_id for delivery in scheduled])
         for delivery in scheduled:
-            _schedule(delivery, delay=None)
+            joined = runs.get(delivery.endpoint_id)
+            if joined is None:
+                _schedule(delivery, delay=None)
+            else:
+                delivery.schedule(run_id=joined[0], due_at=joined[1])
         WebhookDelivery.objects.bulk_update(scheduled, ["scheduled_run_id", "next_attempt_at"])
     return [delivery.pk for delivery in deliveries]
 
@@ -169,6 +187,51 @@ def _endpoints_parking(endpoint_ids: list[int]) -> set[int]:
     return probing
 
 
+# The run a new delivery joins: its endpoint's newest delivery that is scheduled, due and
+# not begun, locked FOR SHARE until the event's commit, if its run holds fewer than
+# DELIVERIES_PER_RUN and none of them is begun (a run at work, or one whose worker died in
+# the middle of it: a new delivery never waits for a dead run's lease). The run's worker
+# begins that delivery (an UPDATE of its row) after this commit, so it finds the new one
+# among its deliveries; or it began it before, and the lock finds it begun (READ
+# COMMITTED checks the row's latest version once the lock is had) and the new delivery
+# takes a run of its own. SKIP LOCKED: a delivery a run is
+# beginning or handing on right now is passed over, so an event never waits for a worker.
+_RUNS_TO_JOIN = """
+    SELECT e.id, d.scheduled_run_id, d.next_attempt_at
+      FROM unnest(%(endpoints)s::bigint[]) AS e(id)
+     CROSS JOIN LATERAL (
+           SELECT o.scheduled_run_id, o.next_attempt_at
+             FROM webhook_deliveries AS o
+            WHERE o.endpoint_id = e.id AND o.status = 'pending'
+              AND o.scheduled_run_id IS NOT NULL AND o.attempt_started_at IS NULL
+              AND o.next_attempt_at <= %(now)s
+            ORDER BY o.id DESC
+            LIMIT 1
+              FOR SHARE SKIP LOCKED) AS d
+     WHERE NOT EXISTS (
+               SELECT 1 FROM webhook_deliveries AS m
+                WHERE m.scheduled_run_id = d.scheduled_run_id AND m.status = 'pending'
+                  AND m.attempt_started_at IS NOT NULL)
+       AND (SELECT count(*) FROM (
+                SELECT 1 FROM webhook_deliveries AS m
+                 WHERE m.scheduled_run_id = d.scheduled_run_id AND m.status = 'pending'
+                 LIMIT %(most)s) AS members) < %(most)s
+"""
+
+
+def _runs_to_join(endpoint_ids: list[int]) -> dict[int, tuple[uuid.UUID, datetime]]:
+    """For each endpoint, the run due now that its new delivery joins (and the run's due
+    time), if it has one with room: see ``_RUNS_TO_JOIN``."""
+    if not endpoint_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RUNS_TO_JOIN,
+            {"endpoints": endpoint_ids, "now": timezone.now(), "most": DELIVERIES_PER_RUN},
+        )
+        return {endpoint_id: (run_id, due_at) for endpoint_id, run_id, due_at in cursor}
+
+
 def _body(event: RecordedEvent) -> str:
     data: dict[str, Any] = {"event_id": event.id, **event.payload}
     job_id = event.payload.get("job_id") if event.aggregate_type == "Job" else None
@@ -181,10 +244,17 @@ def _body(event: RecordedEvent) -> str:
 
 def _schedule(delivery: WebhookDelivery, *, delay: float | None) -> uuid.UUID:
     """A new run for the delivery, due after ``delay`` (the caller saves the delivery)."""
-    run_id = dispatch(
-        DELIVER_TASK, {"delivery_id": delivery.pk}, tenant=delivery.tenant_id, delay=delay
-    )
-    delivery.schedule(run_id=run_id, due_at=timezone.now() + timedelta(seconds=delay or 0))
+    return _schedule_together([delivery], delay=delay)
+
+
+def _schedule_together(deliveries: list[WebhookDelivery], *, delay: float | None) -> uuid.UUID:
+    """One new run for these deliveries of one endpoint, due after ``delay``: it begins with
+    the first (its payload's), then takes the others (the caller saves them)."""
+    first = deliveries[0]
+    run_id = dispatch(DELIVER_TASK, {"delivery_id": first.pk}, tenant=first.tenant_id, delay=delay)
+    due_at = timezone.now() + timedelta(seconds=delay or 0)
+    for delivery in deliveries:
+        delivery.schedule(run_id=run_id, due_at=due_at)
     return run_id
 
 
@@ -216,16 +286,193 @@ class _Request:
 
 
 def delivery_attempt(*, delivery_id: int, run_id: uuid.UUID) -> Outcome:
-    """Make the attempt that run ``run_id`` was scheduled for, and record what came of it."""
+    """Make the attempt of one delivery that run ``run_id`` was scheduled for, and record
+    what came of it (durably): a run's step, alone."""
+    (outcome,) = _step(delivery_id, run_id, tried=[delivery_id], durable=True).outcomes
+    return outcome
+
+
+@dataclass(frozen=True)
+class _Done:
+    """What one step of a run came to: one delivery's attempt, or a batch's."""
+
+    outcomes: list[Outcome]
+    # Whether the run takes its next deliveries: these were delivered fast (or were not the
+    # run's business), so the receiver takes the next at once.
+    goes_on: bool = False
+    # The run's next delivery, when the step's own statement looked it up.
+    next_id: int | None = None
+    next_known: bool = False
+    # The last delivery whose outcome was committed without waiting for the disk (and no
+    # durable commit after it): the run makes it durable before it returns.
+    unflushed: int | None = None
+
+
+def deliveries_run(
+    *,
+    delivery_id: int,
+    run_id: uuid.UUID,
+    deadline: float | None = None,
+    most: int = DELIVERIES_PER_RUN,
+) -> list[Outcome]:
+    """The attempts run ``run_id`` was scheduled for: ``delivery_id`` first, then the other
+    deliveries scheduled on the run, oldest first, one after another on the receiver's kept
+    connection (begun and recorded ``BATCH`` at a time while the receiver answers fast).
+    It goes on while they are delivered fast, ``most`` at most, and begins none once
+    ``deadline`` (``time.monotonic()``) has passed. What it did not take when it stops is
+    handed on (``_hand_on``), and every outcome is durable, before it returns: the worker
+    marks the run done only after."""
+    outcomes: list[Outcome] = []
+    tried = [delivery_id]
+    done = _step(delivery_id, run_id, tried=tried)
+    unflushed = None
+    while True:
+        outcomes.extend(done.outcomes)
+        if done.unflushed is not None:
+            unflushed = done.unflushed
+        elif any(outcome is not Outcome.STALE for outcome in done.outcomes):
+            unflushed = None  # committed durably, and every earlier commit with it
+        if done.goes_on:
+            next_id = done.next_id if done.next_known else _next_of_run(run_id, tried)
+            if next_id is None:
+                break  # every delivery of the run taken
+            room = most - len(tried)
+            if room > 0 and (deadline is None or monotonic() < deadline):
+                done = _batch(run_id, tried, size=min(BATCH, room), deadline=deadline)
+                if done is None:
+                    # Not begun as a batch (the receiver no longer counts as fast, or one
+                    # of its attempts runs long): the whole way, one delivery.
+                    tried.append(next_id)
+                    done = _step(next_id, run_id, tried=tried)
+                continue
+        # Stopped short: a slow or failing receiver, its endpoint disabled or busy, the
+        # run's share or time spent.
+        if _hand_on(run_id):
+            unflushed = None
+        break
+    if unflushed is not None:
+        _flush(unflushed)
+    return outcomes
+
+
+def run_deadline(started: float) -> float:
+    """The ``time.monotonic()`` past which a run of webhook.deliver that began at
+    ``started`` begins no more attempts: its task's time limit, less an attempt's whole
+    budget and a margin, so that the last attempt and the run's hand-on end before the
+    worker gives up on it. A run always makes its first attempt."""
+    limit = get_catalog().task(DELIVER_TASK).time_limit_seconds
+    return started + limit - _attempt_budget().total_seconds() - RUN_MARGIN_SECONDS
+
+
+def _step(delivery_id: int, run_id: uuid.UUID, *, tried: list[int], durable: bool = False) -> _Done:
+    """One delivery's attempt, begun and recorded on its own: the run's first, and any
+    its receiver does not take as fast."""
     request = _begin_fast(delivery_id, run_id) or _begin(delivery_id, run_id)
     if isinstance(request, Outcome):
-        return request
+        # Not attempted. A delivery that is not the run's any more (another run's, parked,
+        # finished) leaves the run's others to it; any other (disabled, deferred) stops it.
+        return _Done([request], goes_on=request is Outcome.STALE)
     # The attempt's log lines name the job the event is about (the task's run binds the rest).
     with log_context(job_id=_job_id_of(request.body)):
-        return _attempt(request, run_id)
+        started_at, answer = _send(request)
+        if _delivered_fast(answer):
+            recorded = _record_fast(
+                request, run_id, started_at, answer, tried=tried, durable=durable
+            )
+            if recorded is not None:
+                _log_outcome(request, Outcome.DELIVERED, answer)
+                next_id, waited = recorded
+                return _Done(
+                    [Outcome.DELIVERED],
+                    goes_on=True,
+                    next_id=next_id,
+                    next_known=True,
+                    unflushed=None if waited else request.delivery_id,
+                )
+            outcome = _record(request, run_id, started_at, answer)
+        else:
+            try:
+                outcome = _record(request, run_id, started_at, answer)
+            finally:
+                _let_go_attempt(request.delivery_id)
+    return _Done([outcome], goes_on=outcome is Outcome.DELIVERED and _fast(answer))
 
 
-def _attempt(request: _Request, run_id: uuid.UUID) -> Outcome:
+def _batch(
+    run_id: uuid.UUID, tried: list[int], *, size: int, deadline: float | None
+) -> _Done | None:
+    """The run's next ``size`` deliveries (not in ``tried``), begun in one statement, sent
+    one after another, and their fast successes recorded in one: while the receiver answers
+    fast, two statements a batch. The first answer that is not a fast success is recorded
+    on its own, the whole way, and stops the batch and the run: the ones not sent are let
+    go (no longer in flight) for the run's hand-on, as when the run's deadline comes.
+
+    Each delivery of a batch counts as in flight from the batch's beginning, so the batch
+    sends no more once half of WEBHOOK_SLOW_SECONDS has gone by: the rest are let go, and
+    the run goes on with a batch begun afresh (a batch of a receiver that answers in
+    0.1 s is five deliveries, not looking slow to the guard of the endpoint's other
+    runs). None: no batch begun (the endpoint does not count as fast, or an attempt of
+    it runs past WEBHOOK_SLOW_SECONDS)."""
+    requests = _begin_batch(run_id, tried, size)
+    if not requests:
+        return None
+    began = monotonic()
+    sent: list[tuple[_Request, datetime, transport.Answer]] = []
+    stop: tuple[_Request, datetime, transport.Answer] | None = None
+    unsent: list[_Request] = []
+    cut = False  # the batch's time spent: the run goes on
+    for position, request in enumerate(requests):
+        if position:
+            now = monotonic()
+            cut = now - began >= settings.WEBHOOK_SLOW_SECONDS / 2
+            if cut or (deadline is not None and now >= deadline):
+                unsent = requests[position:]
+                break
+        with log_context(job_id=_job_id_of(request.body)):
+            started_at, answer = _send(request)
+        if not _delivered_fast(answer):
+            stop = (request, started_at, answer)
+            unsent = requests[position + 1 :]
+            break
+        sent.append((request, started_at, answer))
+    # What the run took: the ones let go for the batch's time are taken again next.
+    tried.extend(request.delivery_id for request in requests if not cut or request not in unsent)
+    recorded, next_id, waited = _record_batch(run_id, requests[0].endpoint_id, sent, unsent, tried)
+    outcomes = []
+    whole_way = False
+    for request, started_at, answer in sent:
+        with log_context(job_id=_job_id_of(request.body)):
+            if request.delivery_id in recorded:
+                _log_outcome(request, Outcome.DELIVERED, answer)
+                outcomes.append(Outcome.DELIVERED)
+            else:
+                # Not recorded with the others (parked deliveries to take up, a failure
+                # recorded meanwhile): the whole way decides.
+                whole_way = True
+                outcomes.append(_record(request, run_id, started_at, answer))
+    if stop is not None:
+        request, started_at, answer = stop
+        with log_context(job_id=_job_id_of(request.body)):
+            try:
+                outcomes.append(_record(request, run_id, started_at, answer))
+            finally:
+                _let_go_attempt(request.delivery_id)
+    goes_on = (
+        stop is None
+        and (cut or not unsent)
+        and all(outcome is Outcome.DELIVERED for outcome in outcomes)
+    )
+    last_sent = sent[-1][0].delivery_id if sent else None
+    return _Done(
+        outcomes,
+        goes_on=goes_on,
+        next_id=next_id,
+        next_known=not whole_way,
+        unflushed=None if waited or whole_way or stop is not None else last_sent,
+    )
+
+
+def _send(request: _Request) -> tuple[datetime, transport.Answer]:
     started_at = timezone.now()
     with tracing.maybe_span(
         "webhook.deliver POST",
@@ -243,20 +490,20 @@ def _attempt(request: _Request, run_id: uuid.UUID) -> Outcome:
                 span.set_attribute("http.response.status_code", answer.status_code)
             if answer.error or (answer.status_code or 0) >= 400:
                 span.set_status(tracing.StatusCode.ERROR, answer.error[:200] or None)
-    if (
+    return started_at, answer
+
+
+def _fast(answer: transport.Answer) -> bool:
+    return answer.latency_ms < settings.WEBHOOK_SLOW_SECONDS * 1000
+
+
+def _delivered_fast(answer: transport.Answer) -> bool:
+    return (
         not answer.error
         and answer.status_code is not None
         and 200 <= answer.status_code < 300
-        and answer.latency_ms < settings.WEBHOOK_SLOW_SECONDS * 1000
-    ):
-        if _record_fast(request, run_id, started_at, answer):
-            _log_outcome(request, Outcome.DELIVERED, answer)
-            return Outcome.DELIVERED
-        return _record(request, run_id, started_at, answer)
-    try:
-        return _record(request, run_id, started_at, answer)
-    finally:
-        _let_go_attempt(request.delivery_id)
+        and _fast(answer)
+    )
 
 
 def _post(request: _Request, started_at: datetime) -> transport.Answer:
@@ -390,7 +637,10 @@ _BEGIN_FAST = f"""
 # FOR SHARE on the endpoint: a failure's outcome (FOR NO KEY UPDATE) decides before or
 # after this success, never beside it; an endpoint found failing, slow, disabled or with
 # parked deliveries to take up is left to the whole way. The lock of the attempt is let go
-# in the same statement, whatever it finds.
+# in the same statement, whatever it finds, and the run's next delivery is looked up. A
+# success that is not its run's last commits without waiting for the disk: the run's last
+# outcome (or its hand-on, or ``_flush``) waits for it, and so makes every earlier one
+# durable too (the log is written in order), before the run is marked done.
 _RECORD_FAST = f"""
     WITH endpoint AS (
         SELECT id FROM webhook_endpoints
@@ -419,8 +669,16 @@ _RECORD_FAST = f"""
           FROM delivered
      RETURNING delivery_id
     )
-    SELECT (SELECT count(*) FROM attempt),
-           pg_advisory_unlock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="%(delivery_id)s")})
+    SELECT recorded, next.id,
+           pg_advisory_unlock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="%(delivery_id)s")}),
+           set_config('synchronous_commit',
+                      CASE WHEN %(durable)s OR next.id IS NULL OR recorded = 0
+                           THEN 'on' ELSE 'off' END, true)
+      FROM (SELECT count(*) AS recorded FROM attempt) AS outcome,
+           LATERAL (SELECT (SELECT id FROM webhook_deliveries
+                             WHERE scheduled_run_id = %(run_id)s AND status = 'pending'
+                               AND id <> ALL(%(tried)s)
+                             ORDER BY id LIMIT 1) AS id) AS next
 """  # noqa: S608 (only the module's own constants are formatted in)
 
 
@@ -466,10 +724,18 @@ def _unsealed(token: str) -> str:
 
 
 def _record_fast(
-    request: _Request, run_id: uuid.UUID, started_at: datetime, answer: transport.Answer
-) -> bool:
-    """Record a fast success in one statement (autocommit: durable before the run is
-    settled); False: the whole way must decide (the attempt's lock is let go either way)."""
+    request: _Request,
+    run_id: uuid.UUID,
+    started_at: datetime,
+    answer: transport.Answer,
+    *,
+    tried: list[int],
+    durable: bool,
+) -> tuple[int | None, bool] | None:
+    """Record a fast success in one statement (autocommit), with the run's next delivery
+    (not in ``tried``): that next one's id, and whether the commit waited for the disk
+    (``durable``, or the run's last). None: the whole way must decide (the attempt's lock
+    is let go either way)."""
     with connection.cursor() as cursor:
         cursor.execute(
             _RECORD_FAST,
@@ -483,10 +749,247 @@ def _record_fast(
                 "latency_ms": answer.latency_ms,
                 "excerpt": answer.excerpt[:EXCERPT_CHARS],
                 "now": timezone.now(),
+                "tried": tried,
+                "durable": durable,
             },
         )
-        recorded, _ = cursor.fetchone()
-    return bool(recorded)
+        recorded, next_id, _, commit = cursor.fetchone()
+    if not recorded:
+        return None
+    return next_id, commit == "on"
+
+
+# A batch of a run (its next deliveries, up to BATCH) to a receiver that answers fast,
+# begun in one statement: each row as ``_BEGIN_FAST`` begins one (an attempt of another
+# run in flight past WEBHOOK_SLOW_SECONDS begins none), the liveness lock taken for each.
+# Their rows' locks wait for the events joining the run at them, as a single beginning
+# does. Committed without waiting for the disk, as ``_BEGIN_FAST``.
+_BEGIN_BATCH = f"""
+    WITH chosen AS (
+        SELECT id FROM webhook_deliveries
+         WHERE scheduled_run_id = %(run_id)s AND status = 'pending' AND id <> ALL(%(tried)s)
+         ORDER BY id
+         LIMIT %(size)s
+    ), begun AS (
+        UPDATE webhook_deliveries AS d
+           SET attempt_started_at = %(now)s
+          FROM webhook_endpoints AS e
+         WHERE d.id IN (SELECT id FROM chosen) AND d.status = 'pending'
+           AND d.scheduled_run_id = %(run_id)s
+           AND e.id = d.endpoint_id AND e.status = 'active' AND e.answers_fast
+           AND NOT EXISTS (
+               SELECT 1 FROM webhook_deliveries AS o
+                WHERE o.endpoint_id = d.endpoint_id
+                  AND o.scheduled_run_id IS DISTINCT FROM %(run_id)s
+                  AND o.attempt_started_at > %(lost_before)s
+                  AND o.attempt_started_at < %(slow_before)s
+                  AND {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="o")})
+     RETURNING d.id, d.body, d.message_id, d.attempts, d.endpoint_id, e.url, e.secret,
+               e.previous_secret, e.previous_secret_expires_at
+    )
+    SELECT begun.*,
+           pg_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="begun.id")}),
+           set_config('synchronous_commit', 'off', true)
+      FROM begun
+     ORDER BY begun.id
+"""  # noqa: S608 (only the module's own constants are formatted in)
+
+# The fast successes of a batch recorded in one statement, as ``_RECORD_FAST`` records one
+# (none, if its endpoint is found failing, slow, disabled or with parked deliveries: each
+# then goes the whole way); the batch's deliveries not sent are let go (no longer in
+# flight), every liveness lock of the batch but the one of an answer still to record is
+# let go, and the run's next delivery is looked up. Durable only when the run has no next.
+_RECORD_BATCH = f"""
+    WITH endpoint AS (
+        SELECT id FROM webhook_endpoints
+         WHERE id = %(endpoint_id)s AND status = 'active' AND answers_fast
+           AND failing_since IS NULL
+           AND NOT EXISTS (
+               SELECT 1 FROM webhook_deliveries
+                WHERE endpoint_id = %(endpoint_id)s AND status = 'pending'
+                  AND scheduled_run_id IS NULL)
+           FOR SHARE
+    ), outcome AS (
+        SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(started)s::timestamptz[],
+                             %(codes)s::int[], %(latencies)s::int[], %(excerpts)s::text[])
+            AS o(id, number, started_at, status_code, latency_ms, excerpt)
+    ), delivered AS (
+        UPDATE webhook_deliveries AS d
+           SET status = 'delivered', attempts = o.number, attempt_started_at = NULL,
+               last_status_code = o.status_code, last_latency_ms = o.latency_ms,
+               last_error = '', finished_at = %(now)s, next_attempt_at = NULL,
+               scheduled_run_id = NULL
+          FROM endpoint, outcome AS o
+         WHERE d.id = o.id AND d.endpoint_id = endpoint.id
+           AND d.status = 'pending' AND d.scheduled_run_id = %(run_id)s
+     RETURNING d.id
+    ), attempt AS (
+        INSERT INTO webhook_attempts
+               (delivery_id, number, started_at, status_code, latency_ms, error,
+                response_excerpt)
+        SELECT o.id, o.number, o.started_at, o.status_code, o.latency_ms, '', o.excerpt
+          FROM outcome AS o JOIN delivered ON delivered.id = o.id
+     RETURNING delivery_id
+    ), unsent AS (
+        UPDATE webhook_deliveries SET attempt_started_at = NULL
+         WHERE id = ANY(%(unsent)s::bigint[]) AND status = 'pending'
+           AND scheduled_run_id = %(run_id)s
+     RETURNING id
+    )
+    SELECT recorded, next.id,
+           (SELECT count(pg_advisory_unlock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="x")}))
+              FROM unnest(%(ids)s::bigint[] || %(unsent)s::bigint[]) AS x),
+           (SELECT count(*) FROM unsent),
+           set_config('synchronous_commit',
+                      CASE WHEN next.id IS NULL OR cardinality(recorded) = 0
+                           THEN 'on' ELSE 'off' END, true)
+      FROM (SELECT coalesce(array_agg(delivery_id), '{{}}') AS recorded FROM attempt) AS outcome,
+           LATERAL (SELECT (SELECT id FROM webhook_deliveries
+                             WHERE scheduled_run_id = %(run_id)s AND status = 'pending'
+                               AND id <> ALL(%(tried)s)
+                             ORDER BY id LIMIT 1) AS id) AS next
+"""  # noqa: S608 (only the module's own constants are formatted in)
+
+
+def _begin_batch(run_id: uuid.UUID, tried: list[int], size: int) -> list[_Request]:
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _BEGIN_BATCH,
+            {
+                "run_id": run_id,
+                "tried": tried,
+                "size": size,
+                "now": now,
+                "lost_before": now - _attempt_budget(),
+                "slow_before": now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS),
+            },
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return []
+    _, _, _, _, endpoint_id, url, secret, previous, expires, _, _ = rows[0]
+    secrets = WebhookEndpoint(
+        secret=_unsealed(secret),
+        previous_secret=_unsealed(previous),
+        previous_secret_expires_at=expires,
+    ).signing_secrets(now)
+    return [
+        _Request(
+            delivery_id=delivery_id,
+            endpoint_id=endpoint_id,
+            url=url,
+            body=body,
+            message_id=message_id,
+            secrets=secrets,
+            number=attempts + 1,
+        )
+        for delivery_id, body, message_id, attempts, *_ in rows
+    ]
+
+
+def _record_batch(
+    run_id: uuid.UUID,
+    endpoint_id: int,
+    sent: list[tuple[_Request, datetime, transport.Answer]],
+    unsent: list[_Request],
+    tried: list[int],
+) -> tuple[set[int], int | None, bool]:
+    """Record a batch's fast successes together (see ``_RECORD_BATCH``): the deliveries
+    recorded, the run's next delivery, and whether the commit waited for the disk."""
+    if not sent and not unsent:
+        return set(), None, True  # its first answer stopped it: nothing to record together
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _RECORD_BATCH,
+            {
+                "endpoint_id": endpoint_id,
+                "run_id": run_id,
+                "ids": [request.delivery_id for request, _, _ in sent],
+                "numbers": [request.number for request, _, _ in sent],
+                "started": [started_at for _, started_at, _ in sent],
+                "codes": [answer.status_code for _, _, answer in sent],
+                "latencies": [answer.latency_ms for _, _, answer in sent],
+                "excerpts": [answer.excerpt[:EXCERPT_CHARS] for _, _, answer in sent],
+                "unsent": [request.delivery_id for request in unsent],
+                "tried": tried,
+                "now": timezone.now(),
+            },
+        )
+        recorded, next_id, _, _, commit = cursor.fetchone()
+    return set(recorded), next_id, commit == "on"
+
+
+def _next_of_run(run_id: uuid.UUID, tried: list[int]) -> int | None:
+    """The oldest delivery scheduled on the run that it has not tried yet."""
+    return (
+        WebhookDelivery.objects.filter(status=DeliveryStatus.PENDING, scheduled_run_id=run_id)
+        .exclude(pk__in=tried)
+        .order_by("id")
+        .values_list("id", flat=True)
+        .first()
+    )
+
+
+def _flush(delivery_id: int) -> None:
+    """Make the run's outcomes durable: a commit that waits for the disk (a row written
+    again, the last recorded delivery's, since a commit that wrote nothing does not wait)
+    waits for every earlier commit's too."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE webhook_deliveries SET finished_at = finished_at WHERE id = %s", [delivery_id]
+        )
+
+
+def _hand_on(run_id: uuid.UUID) -> bool:
+    """The deliveries still scheduled on a run that stopped short get their way forward,
+    decided under their endpoint's row lock as every parking is: held (the endpoint
+    disabled); parked (it fails, with a probe kept on its way; or behind a live attempt
+    of it, whose outcome takes them up); otherwise a new run, due now. Whether it wrote
+    anything (durably).
+
+    Their rows are locked first, waiting for events that are joining the run (each holds
+    a row of it FOR SHARE to its commit), then read again until no new one turns up, and
+    only then the endpoint's: an event's transaction that holds the endpoint FOR SHARE
+    (a failing one's) never waits for these rows (it joins with SKIP LOCKED)."""
+    if not _pending_of_run(run_id):
+        return False
+    with transaction.atomic():
+        rest = {delivery.pk: delivery for delivery in _pending_of_run(run_id, lock=True)}
+        while more := [d for d in _pending_of_run(run_id, lock=True) if d.pk not in rest]:
+            rest.update((delivery.pk, delivery) for delivery in more)
+        if not rest:
+            return False
+        deliveries = sorted(rest.values(), key=lambda delivery: delivery.pk)
+        endpoint = WebhookEndpoint.objects.select_for_update(no_key=True).get(
+            pk=deliveries[0].endpoint_id
+        )
+        now = timezone.now()
+        failing = endpoint.failing_since is not None
+        if not endpoint.is_active or failing or _wait(endpoint, deliveries[0], now) is not None:
+            for delivery in deliveries:
+                delivery.park()
+        else:
+            _schedule_together(deliveries, delay=None)
+            for delivery in deliveries:
+                delivery.attempt_started_at = None
+        WebhookDelivery.objects.bulk_update(deliveries, _PARKED_FIELDS)
+        if endpoint.is_active and failing and not _has_scheduled(endpoint):
+            # The endpoint's probe ended with this run: the oldest parked one is next.
+            _unpark(endpoint, 1, delay=probe_interval(endpoint, now))
+    return True
+
+
+_PARKED_FIELDS = ["scheduled_run_id", "next_attempt_at", "attempt_started_at"]
+
+
+def _pending_of_run(run_id: uuid.UUID, *, lock: bool = False) -> list[WebhookDelivery]:
+    deliveries = WebhookDelivery.objects.filter(
+        status=DeliveryStatus.PENDING, scheduled_run_id=run_id
+    ).order_by("id")
+    if lock:
+        deliveries = deliveries.select_for_update()
+    return list(deliveries)
 
 
 def _hold_attempt(delivery_id: int) -> None:
@@ -551,6 +1054,11 @@ _ALIVE_EXPRESSION = RawSQL(  # noqa: S611 (the module's own constants, no input)
 )
 
 
+# Seconds a run of webhook.deliver keeps in hand past its last attempt's budget, for its
+# hand-on and for the worker's bookkeeping around it.
+RUN_MARGIN_SECONDS = 5.0
+
+
 def _attempt_budget() -> timedelta:
     return timedelta(seconds=settings.WEBHOOK_TIMEOUT + 5)
 
@@ -592,7 +1100,7 @@ def _record(
             endpoint.failing_since = None
             _unpark(endpoint, UNPARK_BATCH, delay=None)
         else:
-            outcome = _after_failure(endpoint, delivery, now, answer, outcome)
+            outcome = _after_failure(endpoint, delivery, now, answer, outcome, run_id)
         delivery.save()
         if _health(endpoint) != health_before:
             # Written only when it changed: a healthy receiver's attempts write no endpoint row.
@@ -619,10 +1127,12 @@ def _after_failure(
     now: datetime,
     answer: transport.Answer,
     outcome: Outcome,
+    run_id: uuid.UUID,
 ) -> Outcome:
     """Retry, park or fail the delivery, and keep its endpoint with exactly one probe on
     its way while it has parked deliveries. Under the endpoint's row lock, so that two
-    outcomes of the same endpoint decide one after the other."""
+    outcomes of the same endpoint decide one after the other. The other deliveries of its
+    run do not count as the probe: the run stops here and hands them on (``_hand_on``)."""
     began_failing = endpoint.failing_since is None
     _endpoint_failed(endpoint, now, answer)
     if began_failing:
@@ -639,7 +1149,7 @@ def _after_failure(
             return outcome
         delivery.park()
         return Outcome.HELD
-    probe_on_its_way = _has_scheduled(endpoint, except_pk=delivery.pk)
+    probe_on_its_way = _has_scheduled(endpoint, except_pk=delivery.pk, except_run=run_id)
     if outcome is Outcome.FAILED:
         delivery.fail(now=now)
         if not probe_on_its_way:
@@ -713,14 +1223,19 @@ def _retry_delay(
     return delay
 
 
-def _has_scheduled(endpoint: WebhookEndpoint, *, except_pk: int) -> bool:
-    return (
-        WebhookDelivery.objects.filter(
-            endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=False
-        )
-        .exclude(pk=except_pk)
-        .exists()
+def _has_scheduled(
+    endpoint: WebhookEndpoint, *, except_pk: int | None = None, except_run: uuid.UUID | None = None
+) -> bool:
+    """Whether a delivery of the endpoint (not ``except_pk``, nor one of run ``except_run``,
+    which stopped and hands them on) is scheduled: its probe, while it fails."""
+    scheduled = WebhookDelivery.objects.filter(
+        endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=False
     )
+    if except_pk is not None:
+        scheduled = scheduled.exclude(pk=except_pk)
+    if except_run is not None:
+        scheduled = scheduled.exclude(scheduled_run_id=except_run)
+    return scheduled.exists()
 
 
 def _park_scheduled(endpoint: WebhookEndpoint, *, except_pk: int) -> None:
@@ -745,15 +1260,16 @@ def _park_scheduled(endpoint: WebhookEndpoint, *, except_pk: int) -> None:
 
 def _unpark(endpoint: WebhookEndpoint, limit: int, *, delay: float | None = None) -> int:
     """Schedule up to ``limit`` parked deliveries of the endpoint, oldest first, due after
-    ``delay``. They come at the pace the receiver takes them: the slow-receiver guard lets
-    a fast one take them at once and defers them for a slow one."""
+    ``delay``, DELIVERIES_PER_RUN to a run. They come at the pace the receiver takes them:
+    the slow-receiver guard lets a fast one take them at once and defers them for a slow
+    one."""
     parked = list(
         WebhookDelivery.objects.select_for_update(skip_locked=True)
         .filter(endpoint=endpoint, status=DeliveryStatus.PENDING, scheduled_run_id__isnull=True)
         .order_by("id")[:limit]
     )
-    for delivery in parked:
-        _schedule(delivery, delay=delay)
+    for start in range(0, len(parked), DELIVERIES_PER_RUN):
+        _schedule_together(parked[start : start + DELIVERIES_PER_RUN], delay=delay)
     WebhookDelivery.objects.bulk_update(parked, ["scheduled_run_id", "next_attempt_at"])
     return len(parked)
 

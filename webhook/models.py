@@ -2,8 +2,9 @@
 
 Each matching event becomes one ``WebhookDelivery``, written in the transaction that
 records the event. The delivery owns its attempts (``WebhookAttempt``, one row per HTTP
-request): each attempt is one run of the ``webhook.deliver`` task, and a retry is a new
-outbox row due after the retry delay. The retry schedule spans a day, past what the task
+request): attempts are made by runs of the ``webhook.deliver`` task (one run takes many
+deliveries of an endpoint, one after another), and a retry is a new outbox row due after
+the retry delay. The retry schedule spans a day, past what the task
 runtime's own retries (five receives, minutes apart) are for: those stay for the hub's own
 failures (the database away), a receiver's failure is the delivery's business.
 
@@ -44,10 +45,12 @@ DELIVERY_FINAL = (DeliveryStatus.DELIVERED, DeliveryStatus.FAILED)
 # What moves a pending delivery, by the shape it is in. Nothing else may leave one there.
 DELIVERY_WAYS_FORWARD = {
     "scheduled": (
-        "its queued webhook.deliver run (scheduled_run_id), due at next_attempt_at: the relay "
-        "sends it, a worker makes the attempt (a worker lost mid-attempt: the run's lease "
-        "brings the message back); the monitor's check schedules a new run for one overdue "
-        "long past its due time"
+        "its queued webhook.deliver run (scheduled_run_id, shared with the other deliveries "
+        "of its endpoint that joined the run), due at next_attempt_at: the relay sends it, a "
+        "worker makes their attempts one after another (a worker lost mid-run: the run's "
+        "lease brings the message back); a run that stops short hands what it did not take "
+        "on (a new run, parked or held) before it is settled; the monitor's check schedules "
+        "a new run for one overdue long past its due time"
     ),
     "parked": (
         "its active endpoint's probe: the one scheduled delivery of a failing endpoint (or "
@@ -191,9 +194,10 @@ class WebhookDelivery(models.Model):
     body = models.TextField()
     status = models.TextField(choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
     attempts = models.PositiveIntegerField(default=0)
-    # The outbox run that may make the next attempt: a run with another id is stale (a
-    # duplicate, or superseded by a deferral) and does nothing. Null while pending: parked,
-    # waiting for its failing endpoint's probe to succeed, or held while it is disabled.
+    # The outbox run that may make the next attempt (many deliveries of an endpoint share
+    # one): a run with another id is stale (a duplicate, or superseded by a deferral) and
+    # does nothing for it. Null while pending: parked, waiting for its failing endpoint's
+    # probe to succeed, or held while it is disabled.
     scheduled_run_id = models.UUIDField(null=True, blank=True)
     # Set while an attempt is in flight; the slow-receiver guard counts these.
     attempt_started_at = models.DateTimeField(null=True, blank=True)
@@ -225,12 +229,19 @@ class WebhookDelivery(models.Model):
                 condition=Q(status="pending", scheduled_run_id__isnull=True),
                 name="webhook_deliveries_parked_idx",
             ),
-            # A probe's search (the stranded check's, and the event listener's while its
-            # endpoint fails): an endpoint's scheduled deliveries.
+            # An endpoint's scheduled deliveries, newest first: the run a new delivery joins
+            # (the event listener), and a probe's search (the stranded check's, and the
+            # event listener's while its endpoint fails).
             models.Index(
-                fields=["endpoint"],
+                fields=["endpoint", "id"],
                 condition=Q(status="pending", scheduled_run_id__isnull=False),
-                name="webhook_deliveries_sched_idx",
+                name="webhook_deliveries_newest_idx",
+            ),
+            # A run's deliveries, oldest first: the run takes them one after another.
+            models.Index(
+                fields=["scheduled_run_id", "id"],
+                condition=Q(status="pending", scheduled_run_id__isnull=False),
+                name="webhook_deliveries_run_idx",
             ),
             # The stranded check: scheduled deliveries long past their due time.
             models.Index(

@@ -167,8 +167,9 @@ def elapsed(since: float) -> float:
     return time.monotonic() - since
 
 
-def run_attempt(row: OutboxMessage):
-    """Do what the worker does with a webhook.deliver message: call its handler."""
+def run_attempt(row: OutboxMessage) -> list[str]:
+    """Do what the worker does with a webhook.deliver message: call its handler. What each
+    delivery the run took came to, in the order it took them."""
     import uuid
 
     from outbox.handlers import TaskMessage
@@ -189,14 +190,16 @@ def run_attempt(row: OutboxMessage):
 
 def run_due_attempts() -> int:
     """Run every webhook.deliver row not sent yet (due or not: the tests skip the wait) and
-    mark it sent, as the relay would. Returns how many ran."""
+    mark it sent, as the relay would. Returns how many deliveries the runs took (a run
+    takes every delivery scheduled on it)."""
     from django.utils import timezone
 
     rows = due_deliver_runs()
+    taken = 0
     for row in rows:
         OutboxMessage.objects.filter(pk=row.pk).update(sent_at=timezone.now())
-        run_attempt(row)
-    return len(rows)
+        taken += len(run_attempt(row))
+    return taken
 
 
 @dataclass

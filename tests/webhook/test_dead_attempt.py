@@ -1,7 +1,8 @@
 """An attempt whose worker died is known dead at once: its database session, and the lock
 the attempt holds on it, end with the process. A real ``run_worker`` is SIGKILLed in the
 middle of an attempt to a receiver that does not answer; the endpoint's next delivery goes
-out within seconds, not after the dead attempt's whole budget."""
+out within seconds, not after the dead attempt's whole budget. Killed in the middle of a
+run of many deliveries, the run's rest comes back with its lease, each delivered."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from tests.broker_queues import delete_queues
 from tests.polling import wait_until
@@ -21,7 +23,7 @@ from tests.webhook.conftest import Reply
 from tests.webhook.test_delivery import complete_a_job
 from tests.worker.conftest import ROOT, BackgroundRelay, WorkerThread
 from webhook import delivery as engine
-from webhook.models import WebhookDelivery
+from webhook.models import WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,7 +47,7 @@ def broker_names(settings, exchange_name):
     delete_queues(settings.RABBITMQ_URL)
 
 
-def worker_process(settings, ready_file) -> subprocess.Popen:
+def worker_process(settings, ready_file, visibility: int = 60) -> subprocess.Popen:
     db = settings.DATABASES["default"]
     env = {
         **os.environ,
@@ -61,7 +63,7 @@ def worker_process(settings, ready_file) -> subprocess.Popen:
         "WEBHOOK_TIMEOUT": str(TIMEOUT),
         # The killed worker's run stays leased for a minute: only the endpoint's own
         # knowledge of the dead attempt lets the next delivery through sooner.
-        "WORKER_VISIBILITY_TIMEOUT": "60",
+        "WORKER_VISIBILITY_TIMEOUT": str(visibility),
         "WORKER_READY_FILE": str(ready_file),
         "PYTHONUNBUFFERED": "1",
     }
@@ -134,3 +136,64 @@ def test_an_attempt_in_flight_on_a_live_session_still_holds_its_endpoint(
 
     assert outcome is engine.Outcome.DEFERRED
     assert receiver.requests() == []
+
+
+def test_a_worker_killed_in_the_middle_of_a_run_leaves_its_rest_to_the_runs_lease(
+    broker_names, receiver, make_endpoint, tenant, tmp_path
+):
+    endpoint = make_endpoint(receiver.url)
+    # The endpoint answered fast before: its run begins its deliveries in batches.
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=True)
+    # The run's first delivery is answered, the second never (the worker dies at it).
+    receiver.script(Reply(), Reply(delay=3600))
+    with transaction.atomic():
+        for _ in range(5):
+            complete_a_job(tenant)
+    (run,) = {d.scheduled_run_id for d in WebhookDelivery.objects.filter(endpoint=endpoint)}
+    relay = BackgroundRelay().start()
+    ready_file = tmp_path / "worker.ready"
+    # Its lease (the visibility timeout) ends 5 s after its last beat.
+    process = worker_process(broker_names, ready_file, visibility=5)
+    second: WorkerThread | None = None
+    try:
+        wait_until(ready_file.exists, timeout=30, message="the worker to be ready")
+        wait_until(lambda: len(receiver.requests()) >= 2, timeout=30, message="two attempts")
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+        second = WorkerThread(concurrency=2).start()
+
+        # A new event does not join the dead run: it goes out within seconds.
+        complete_a_job(tenant)
+        newest = WebhookDelivery.objects.filter(endpoint=endpoint).order_by("id").last()
+        assert newest.scheduled_run_id != run
+        wait_until(
+            lambda: WebhookDelivery.objects.get(pk=newest.pk).status == "delivered",
+            timeout=NEXT_DELIVERY_BOUND,
+            message="the new delivery",
+        )
+        # The run comes back with its lease, and delivers its rest.
+        wait_until(
+            lambda: (
+                set(
+                    WebhookDelivery.objects.filter(endpoint=endpoint).values_list(
+                        "status", flat=True
+                    )
+                )
+                == {"delivered"}
+            ),
+            timeout=60,
+            message="every delivery of the run",
+        )
+    finally:
+        if process.poll() is None:
+            process.kill()
+        if second is not None:
+            second.stop()
+        relay.stop()
+        connection.close()
+
+    ids = Counter(request.headers["webhook-id"] for request in receiver.requests())
+    deliveries = list(WebhookDelivery.objects.filter(endpoint=endpoint).order_by("id"))
+    # The one the worker died at is sent again, with the same webhook-id; the others once.
+    assert ids[deliveries[1].message_id] == 2
+    assert all(ids[d.message_id] == 1 for d in deliveries if d.pk != deliveries[1].pk)

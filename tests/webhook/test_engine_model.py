@@ -1,20 +1,25 @@
 """The delivery engine as a state machine, driven by Hypothesis over the real database and a
 real receiver on loopback.
 
-Random sequences of: events recorded; the receiver's answers (2xx, 4xx, 5xx, 429 with
+Random sequences of: events recorded (each joins its endpoint's run due now, or takes a
+run of its own); the receiver's answers (2xx fast or slow, 4xx, 5xx, 429 with
 Retry-After, timeouts, redirects, and its port closed: connection refused); secret
-rotations; disable and enable; a worker that claimed a run and died before its attempt
-(the run's lease brings the message back later); the clock moving on. The engine is driven
+rotations; disable and enable; a worker that claimed a run and died before its attempt,
+or in the middle of its run (before or after the receiver had the delivery it was at);
+a run whose time runs out after some of its deliveries (the rest handed on); the run's
+lease bringing a dead worker's message back; the clock moving on. The engine is driven
 by calling the task's handler directly on the outbox rows due by the model's clock (the
 rows' own due times are the database's clock; the delivery's ``next_attempt_at`` says
-when its run is due), so no step sleeps.
+when its run is due), so no step sleeps. A run takes every delivery scheduled on it, and
+stops short at a slow or failing answer.
 
 After every step each pending delivery has a way forward: scheduled, its run is unsent in
 the outbox or held by a dead worker whose lease will bring it back; parked, its endpoint is
 active and has a scheduled delivery (the probe), or is disabled (held for its enable). At
 the end, the receiver healthy, the endpoint enabled and the clock moving on, every delivery
 ends, within a bound of rounds: each delivered one was answered 2xx at least once, and
-more often only as many times as the hub did not read the answer (a timeout); every
+more often only as many times as the hub did not read the answer (a timeout) or died
+before recording it; every
 request of a delivery is the same message (its webhook-id and body), so the receiver
 deduping by webhook-id takes each event exactly once.
 """
@@ -24,6 +29,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from datetime import datetime, timedelta
+from unittest import mock
 
 import pytest
 import time_machine
@@ -40,6 +46,7 @@ from tests.ports import free_port
 from tests.webhook.conftest import Receiver, Reply, run_attempt
 from tests.webhook.test_delivery import complete_a_job
 from webhook import delivery as engine
+from webhook import transport
 from webhook.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhook.services import (
     endpoint_create,
@@ -51,6 +58,8 @@ from webhook.services import (
 ANSWERS = {
     "ok": Reply(status=200),
     "created": Reply(status=201),
+    # Delivered, but slower than WEBHOOK_SLOW_SECONDS (0.02 s here): its run stops there.
+    "slow": Reply(status=200, delay=0.03),
     "bad request": Reply(status=400),
     "gone": Reply(status=410),
     "error": Reply(status=500),
@@ -63,6 +72,10 @@ ANSWERS = {
 CLOCK_MOVES = [1, 3, 10, 31, 120, 900]
 # Rounds of the final drain at most: each moves the clock past the longest wait.
 DRAIN_ROUNDS = 60
+
+
+class WorkerKilled(BaseException):
+    """The worker process ends where it stands (no handler, no bookkeeping runs on)."""
 
 
 def closed_port() -> int:
@@ -95,6 +108,8 @@ class DeliveryEngine(RuleBasedStateMachine):
         self.refused_url = f"http://127.0.0.1:{closed_port()}/hooks"
         # Runs a worker claimed and died with: their messages come back (lease expired).
         self.lost: dict[uuid.UUID, OutboxMessage] = {}
+        # 2xx answers a worker had and died before recording, by webhook-id.
+        self.unrecorded: Counter[str] = Counter()
 
     def teardown(self) -> None:
         try:
@@ -111,7 +126,7 @@ class DeliveryEngine(RuleBasedStateMachine):
 
     # --- the outside world --------------------------------------------------------------
 
-    @rule(count=st.integers(1, 3))
+    @rule(count=st.integers(1, 5))
     def events_recorded(self, count):
         with self.clock():
             for _ in range(count):
@@ -208,6 +223,81 @@ class DeliveryEngine(RuleBasedStateMachine):
             engine._begin(row.envelope["payload"]["delivery_id"], run_id)
             self.lost[run_id] = row
 
+    @precondition(lambda self: len(self.lost) < 3)
+    @rule(delivered=st.integers(0, 5), answered=st.booleans())
+    def a_worker_dies_mid_run(self, delivered, answered):
+        """A worker takes a due run, makes ``delivered`` attempts of it, and dies in the
+        next one: before its request, or after the receiver had it (``answered``)."""
+        rows = self._due_rows()
+        if not rows:
+            return
+        row = rows[0]
+        post = transport.post
+        calls = 0
+        answers: Counter[str] = Counter()  # 2xx answers the worker had, by webhook-id
+
+        def dying_post(url, body, headers):
+            nonlocal calls
+            calls += 1
+            if calls > delivered and not answered:
+                raise WorkerKilled
+            answer = post(url, body, headers)
+            if answer.status_code is not None and 200 <= answer.status_code < 300:
+                answers[headers["webhook-id"]] += 1
+            if calls > delivered:
+                raise WorkerKilled
+            return answer
+
+        recorded_before = self._recorded_successes()
+
+        self._send(row)
+        run_id = uuid.UUID(row.envelope["run_id"])
+        with self.clock(), mock.patch.object(transport, "post", dying_post):
+            try:
+                run_attempt(row)
+            except WorkerKilled:
+                pass
+            else:
+                return  # the run ended before the worker died
+        # The answers it had and did not record (the one it was at, and those of its batch
+        # recorded together after the batch) the receiver gets again.
+        recorded = self._recorded_successes() - recorded_before
+        self.unrecorded.update(answers - recorded)
+        # Its database session ends with it, and the locks of the attempts it was at.
+        for delivery_id in WebhookDelivery.objects.filter(
+            scheduled_run_id=run_id, attempt_started_at__isnull=False
+        ).values_list("id", flat=True):
+            engine._let_go_attempt(delivery_id)
+        self.lost[run_id] = row
+
+    def _recorded_successes(self) -> Counter[str]:
+        return Counter(
+            WebhookAttempt.objects.filter(
+                delivery__endpoint=self.endpoint, status_code__gte=200, status_code__lt=300
+            ).values_list("delivery__message_id", flat=True)
+        )
+
+    @rule(taken=st.integers(1, 3))
+    def a_runs_time_runs_out(self, taken):
+        """A due run whose deadline passes after ``taken`` deliveries: it begins no more,
+        and hands the rest on."""
+        rows = self._due_rows()
+        if not rows:
+            return
+        row = rows[0]
+        clock = iter([0.0] * (taken - 1))
+
+        def monotonic():
+            return next(clock, 2.0)  # past the deadline (1.0) from the taken-th check on
+
+        self._send(row)
+        with self.clock(), mock.patch.object(engine, "monotonic", monotonic):
+            engine.deliveries_run(
+                delivery_id=row.envelope["payload"]["delivery_id"],
+                run_id=uuid.UUID(row.envelope["run_id"]),
+                deadline=1.0,
+            )
+
     @precondition(lambda self: self.lost)
     @rule()
     def a_lost_runs_lease_expires(self):
@@ -287,6 +377,7 @@ class DeliveryEngine(RuleBasedStateMachine):
             # A 2xx the hub never read (it came after the timeout) is sent again: at least
             # once, and never again after the success was recorded.
             unread = WebhookAttempt.objects.filter(delivery=delivery, status_code=None).count()
+            unread += self.unrecorded[delivery.message_id]
             received = answered_ok[delivery.message_id]
             if delivery.status == "delivered":
                 assert 1 <= received <= 1 + unread, (delivery, received, unread)
@@ -297,6 +388,7 @@ class DeliveryEngine(RuleBasedStateMachine):
 @pytest.mark.django_db
 def test_every_delivery_keeps_a_way_forward_and_is_delivered_once(receiver, settings):
     settings.WEBHOOK_READ_TIMEOUT = 0.05
+    settings.WEBHOOK_SLOW_SECONDS = 0.02
     settings.WEBHOOK_CONNECT_TIMEOUT = 0.2
     settings.WEBHOOK_TIMEOUT = 1.0
     settings.WEBHOOK_RETRY_DELAYS = [1.0, 5.0, 30.0, 120.0]
