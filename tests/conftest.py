@@ -91,6 +91,8 @@ def pytest_collection_modifyitems(config, items):
     First of the hooks: pytest-xdist reads the groups in its own hook, which runs before
     any ``trylast`` one (a group marked there would be no group at all).
     """
+    if not config.pluginmanager.hasplugin("xdist"):
+        return  # one process (-p no:xdist): no groups to hand out
     for item in items:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
 
