@@ -616,6 +616,39 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
 # fast may take one more at once), never an outcome unrecorded. The outcome waits for the
 # disk, as it must: it is durable before the task's run is settled.
 
+# The parts the statements of the fast way share.
+# The endpoint still takes deliveries the fast way (FOR SHARE: see ``_RECORD_FAST``).
+_ENDPOINT_STILL_FAST = """endpoint AS (
+        SELECT id FROM webhook_endpoints
+         WHERE id = %(endpoint_id)s AND status = 'active' AND answers_fast
+           AND failing_since IS NULL
+           AND NOT EXISTS (
+               SELECT 1 FROM webhook_deliveries
+                WHERE endpoint_id = %(endpoint_id)s AND status = 'pending'
+                  AND scheduled_run_id IS NULL)
+           FOR SHARE
+    )"""
+# The run's next delivery, after those it tried.
+_NEXT_OF_RUN = """LATERAL (SELECT (SELECT id FROM webhook_deliveries
+                             WHERE scheduled_run_id = %(run_id)s AND status = 'pending'
+                               AND id <> ALL(%(tried)s)
+                             ORDER BY id LIMIT 1) AS id) AS next"""
+# An attempt of the endpoint begun lately by a live session, and not yet slow.
+_LIVE_FAST_ATTEMPT = f"""
+                  AND o.attempt_started_at > %(lost_before)s
+                  AND o.attempt_started_at < %(slow_before)s
+                  AND {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="o")}"""
+
+
+def _guard_times(now: datetime) -> dict[str, datetime]:
+    """The bounds of ``_LIVE_FAST_ATTEMPT`` at ``now``."""
+    return {
+        "now": now,
+        "lost_before": now - _attempt_budget(),
+        "slow_before": now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS),
+    }
+
+
 _BEGIN_FAST = f"""
     UPDATE webhook_deliveries AS d
        SET attempt_started_at = %(now)s
@@ -624,10 +657,7 @@ _BEGIN_FAST = f"""
        AND e.id = d.endpoint_id AND e.status = 'active' AND e.answers_fast
        AND NOT EXISTS (
            SELECT 1 FROM webhook_deliveries AS o
-            WHERE o.endpoint_id = d.endpoint_id AND o.id <> d.id
-              AND o.attempt_started_at > %(lost_before)s
-              AND o.attempt_started_at < %(slow_before)s
-              AND {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="o")})
+            WHERE o.endpoint_id = d.endpoint_id AND o.id <> d.id{_LIVE_FAST_ATTEMPT})
  RETURNING d.body, d.message_id, d.attempts, d.endpoint_id, e.url, e.secret,
            e.previous_secret, e.previous_secret_expires_at,
            pg_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="d.id")}),
@@ -642,16 +672,7 @@ _BEGIN_FAST = f"""
 # outcome (or its hand-on, or ``_flush``) waits for it, and so makes every earlier one
 # durable too (the log is written in order), before the run is marked done.
 _RECORD_FAST = f"""
-    WITH endpoint AS (
-        SELECT id FROM webhook_endpoints
-         WHERE id = %(endpoint_id)s AND status = 'active' AND answers_fast
-           AND failing_since IS NULL
-           AND NOT EXISTS (
-               SELECT 1 FROM webhook_deliveries
-                WHERE endpoint_id = %(endpoint_id)s AND status = 'pending'
-                  AND scheduled_run_id IS NULL)
-           FOR SHARE
-    ), delivered AS (
+    WITH {_ENDPOINT_STILL_FAST}, delivered AS (
         UPDATE webhook_deliveries AS d
            SET status = 'delivered', attempts = %(number)s, attempt_started_at = NULL,
                last_status_code = %(status_code)s, last_latency_ms = %(latency_ms)s,
@@ -675,10 +696,7 @@ _RECORD_FAST = f"""
                       CASE WHEN %(durable)s OR next.id IS NULL OR recorded = 0
                            THEN 'on' ELSE 'off' END, true)
       FROM (SELECT count(*) AS recorded FROM attempt) AS outcome,
-           LATERAL (SELECT (SELECT id FROM webhook_deliveries
-                             WHERE scheduled_run_id = %(run_id)s AND status = 'pending'
-                               AND id <> ALL(%(tried)s)
-                             ORDER BY id LIMIT 1) AS id) AS next
+           {_NEXT_OF_RUN}
 """  # noqa: S608 (only the module's own constants are formatted in)
 
 
@@ -687,13 +705,7 @@ def _begin_fast(delivery_id: int, run_id: uuid.UUID) -> _Request | None:
     with connection.cursor() as cursor:
         cursor.execute(
             _BEGIN_FAST,
-            {
-                "delivery_id": delivery_id,
-                "run_id": run_id,
-                "now": now,
-                "lost_before": now - _attempt_budget(),
-                "slow_before": now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS),
-            },
+            {"delivery_id": delivery_id, "run_id": run_id, **_guard_times(now)},
         )
         row = cursor.fetchone()
     if row is None:
@@ -780,10 +792,7 @@ _BEGIN_BATCH = f"""
            AND NOT EXISTS (
                SELECT 1 FROM webhook_deliveries AS o
                 WHERE o.endpoint_id = d.endpoint_id
-                  AND o.scheduled_run_id IS DISTINCT FROM %(run_id)s
-                  AND o.attempt_started_at > %(lost_before)s
-                  AND o.attempt_started_at < %(slow_before)s
-                  AND {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="o")})
+                  AND o.scheduled_run_id IS DISTINCT FROM %(run_id)s{_LIVE_FAST_ATTEMPT})
      RETURNING d.id, d.body, d.message_id, d.attempts, d.endpoint_id, e.url, e.secret,
                e.previous_secret, e.previous_secret_expires_at
     )
@@ -800,16 +809,7 @@ _BEGIN_BATCH = f"""
 # flight), every liveness lock of the batch but the one of an answer still to record is
 # let go, and the run's next delivery is looked up. Durable only when the run has no next.
 _RECORD_BATCH = f"""
-    WITH endpoint AS (
-        SELECT id FROM webhook_endpoints
-         WHERE id = %(endpoint_id)s AND status = 'active' AND answers_fast
-           AND failing_since IS NULL
-           AND NOT EXISTS (
-               SELECT 1 FROM webhook_deliveries
-                WHERE endpoint_id = %(endpoint_id)s AND status = 'pending'
-                  AND scheduled_run_id IS NULL)
-           FOR SHARE
-    ), outcome AS (
+    WITH {_ENDPOINT_STILL_FAST}, outcome AS (
         SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(started)s::timestamptz[],
                              %(codes)s::int[], %(latencies)s::int[], %(excerpts)s::text[])
             AS o(id, number, started_at, status_code, latency_ms, excerpt)
@@ -844,10 +844,7 @@ _RECORD_BATCH = f"""
                       CASE WHEN next.id IS NULL OR cardinality(recorded) = 0
                            THEN 'on' ELSE 'off' END, true)
       FROM (SELECT coalesce(array_agg(delivery_id), '{{}}') AS recorded FROM attempt) AS outcome,
-           LATERAL (SELECT (SELECT id FROM webhook_deliveries
-                             WHERE scheduled_run_id = %(run_id)s AND status = 'pending'
-                               AND id <> ALL(%(tried)s)
-                             ORDER BY id LIMIT 1) AS id) AS next
+           {_NEXT_OF_RUN}
 """  # noqa: S608 (only the module's own constants are formatted in)
 
 
@@ -856,14 +853,7 @@ def _begin_batch(run_id: uuid.UUID, tried: list[int], size: int) -> list[_Reques
     with connection.cursor() as cursor:
         cursor.execute(
             _BEGIN_BATCH,
-            {
-                "run_id": run_id,
-                "tried": tried,
-                "size": size,
-                "now": now,
-                "lost_before": now - _attempt_budget(),
-                "slow_before": now - timedelta(seconds=settings.WEBHOOK_SLOW_SECONDS),
-            },
+            {"run_id": run_id, "tried": tried, "size": size, **_guard_times(now)},
         )
         rows = cursor.fetchall()
     if not rows:
