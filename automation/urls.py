@@ -1,15 +1,16 @@
 from django.urls import path
 
 from automation import api, schema  # noqa: F401  (the credentials in the OpenAPI schema)
-from common.urls import member_actions
+from common.urls import resource
 
 urlpatterns = [
-    path("automations", api.AutomationListCreateApi.as_view(), name="automations"),
-    path("automations/<int:automation_id>", api.AutomationDetailApi.as_view(), name="automation"),
-    *member_actions(
-        "automations/<int:automation_id>",
+    *resource(
+        "automations",
+        "automation_id",
         "automation",
-        {
+        listing=api.AutomationListCreateApi,
+        member=api.AutomationDetailApi,
+        actions={
             "deactivate": api.AutomationDeactivateApi,
             "worker/rotate-credential": api.WorkerRotateCredentialApi,
         },

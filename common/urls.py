@@ -17,3 +17,23 @@ def member_actions(item: str, name: str, actions: dict[str, type[APIView]]) -> l
         path(f"{item}/{action}", view.as_view(), name=f"{name}-{action.replace('/', '-')}")
         for action, view in actions.items()
     ]
+
+
+def resource(
+    collection: str,
+    member_id: str,
+    name: str,
+    *,
+    listing: type[APIView],
+    member: type[APIView],
+    actions: dict[str, type[APIView]] | None = None,
+) -> list[URLPattern]:
+    """A resource's routes: ``{collection}`` (named ``{collection}``), one of its members,
+    ``{collection}/<int:{member_id}>`` (named ``{name}``), and the member's moves
+    (``member_actions``)."""
+    item = f"{collection}/<int:{member_id}>"
+    return [
+        path(collection, listing.as_view(), name=collection),
+        path(item, member.as_view(), name=name),
+        *member_actions(item, name, actions or {}),
+    ]

@@ -1,18 +1,15 @@
-from django.urls import path
-
-from common.urls import member_actions
+from common.urls import resource
 from schedule import api
 
-urlpatterns = [
-    path("schedules", api.ScheduleListCreateApi.as_view(), name="schedules"),
-    path("schedules/<int:schedule_id>", api.ScheduleDetailApi.as_view(), name="schedule"),
-    *member_actions(
-        "schedules/<int:schedule_id>",
-        "schedule",
-        {
-            "pause": api.SchedulePauseApi,
-            "resume": api.ScheduleResumeApi,
-            "deactivate": api.ScheduleDeactivateApi,
-        },
-    ),
-]
+urlpatterns = resource(
+    "schedules",
+    "schedule_id",
+    "schedule",
+    listing=api.ScheduleListCreateApi,
+    member=api.ScheduleDetailApi,
+    actions={
+        "pause": api.SchedulePauseApi,
+        "resume": api.ScheduleResumeApi,
+        "deactivate": api.ScheduleDeactivateApi,
+    },
+)

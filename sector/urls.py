@@ -1,10 +1,11 @@
-from django.urls import path
-
-from common.urls import member_actions
+from common.urls import resource
 from sector import api
 
-urlpatterns = [
-    path("sectors", api.SectorListCreateApi.as_view(), name="sectors"),
-    path("sectors/<int:sector_id>", api.SectorDetailApi.as_view(), name="sector"),
-    *member_actions("sectors/<int:sector_id>", "sector", {"deactivate": api.SectorDeactivateApi}),
-]
+urlpatterns = resource(
+    "sectors",
+    "sector_id",
+    "sector",
+    listing=api.SectorListCreateApi,
+    member=api.SectorDetailApi,
+    actions={"deactivate": api.SectorDeactivateApi},
+)

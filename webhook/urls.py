@@ -1,19 +1,16 @@
-from django.urls import path
-
-from common.urls import member_actions
+from common.urls import resource
 from webhook import api
 
-urlpatterns = [
-    path("webhooks", api.EndpointsApi.as_view(), name="webhooks"),
-    path("webhooks/<int:endpoint_id>", api.EndpointDetailApi.as_view(), name="webhook"),
-    *member_actions(
-        "webhooks/<int:endpoint_id>",
-        "webhook",
-        {
-            "rotate-secret": api.EndpointRotateSecretApi,
-            "disable": api.EndpointDisableApi,
-            "enable": api.EndpointEnableApi,
-            "deliveries": api.EndpointDeliveriesApi,
-        },
-    ),
-]
+urlpatterns = resource(
+    "webhooks",
+    "endpoint_id",
+    "webhook",
+    listing=api.EndpointsApi,
+    member=api.EndpointDetailApi,
+    actions={
+        "rotate-secret": api.EndpointRotateSecretApi,
+        "disable": api.EndpointDisableApi,
+        "enable": api.EndpointEnableApi,
+        "deliveries": api.EndpointDeliveriesApi,
+    },
+)
