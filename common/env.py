@@ -42,15 +42,15 @@ class Env:
     def int(
         self, var: str, default: Any = environ.Env.NOTSET, *, minimum: int | None = None
     ) -> int:
-        value = self._read("int", var, default)
-        if minimum is not None and value < minimum:
-            raise ImproperlyConfigured(f"{var}={value} must be at least {minimum}")
-        return value
+        return self._number("int", var, default, minimum)
 
     def float(
         self, var: str, default: Any = environ.Env.NOTSET, *, minimum: float | None = None
     ) -> float:
-        value = self._read("float", var, default)
+        return self._number("float", var, default, minimum)
+
+    def _number(self, kind: str, var: str, default: Any, minimum: Any) -> Any:
+        value = self._read(kind, var, default)
         if minimum is not None and value < minimum:
             raise ImproperlyConfigured(f"{var}={value} must be at least {minimum}")
         return value
