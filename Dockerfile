@@ -15,7 +15,11 @@ RUN mkdir -p hubdommed && touch hubdommed/__init__.py \
     && pip uninstall -y hubdommed
 
 COPY . .
+# The code runs from /app, so its bytecode is compiled here, once: PYTHONDONTWRITEBYTECODE
+# keeps each process from writing it, and every daemon's start (and restart) would
+# otherwise compile the project again.
 RUN pip install --no-deps . \
+    && python -m compileall -q -j 0 /app \
     && DEBUG=false SECRET_KEY=build-only-not-a-secret \
        WEBHOOK_SECRET_KEYS=YnVpbGQtb25seS1ub3QtYS1zZWNyZXQtMDEyMzQ1Njc= \
        python manage.py collectstatic --no-input \
