@@ -13,9 +13,12 @@ the page's script (``job/static/job/live_output.js``) reads it from ``output_vie
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.helpers import ActionForm
 from django.contrib.admin.utils import flatten_fieldsets, unquote
 from django.core.exceptions import PermissionDenied
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect, JsonResponse
@@ -67,6 +70,21 @@ def _json_error(status: int, code: str, message: str, details=None) -> JsonRespo
     return JsonResponse(error_body(code, message, details), status=status)
 
 
+class JobActionForm(ActionForm):
+    """The list's action form, with a key of its own each time it is shown: a form sent
+    twice (a double click, the browser's back and send again) runs its jobs again once."""
+
+    submission = forms.CharField(
+        widget=forms.HiddenInput, required=False, initial=lambda: uuid.uuid4().hex
+    )
+
+
+def _submission(request) -> str | None:
+    """The key of the form that sent ``request`` (a page's Run again, the list's action)."""
+    key = request.POST.get("submission", "")
+    return key if 0 < len(key) <= 64 and key.isalnum() else None
+
+
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     list_display = (
@@ -86,6 +104,7 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
     # Counting a long history on every page is slow; the pages do not need it.
     show_full_result_count = False
     actions = ("cancel", "rerun")
+    action_form = JobActionForm
     change_form_template = "admin/job/job/change_form.html"
     fieldsets = (
         (
@@ -300,6 +319,8 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         context["rerun_offered"] = (
             obj is not None and obj.is_finished and self.has_rerun_permission(request)
         )
+        # The page's Run again form sends it: sent twice, the one new job is shown again.
+        context["rerun_submission"] = uuid.uuid4().hex
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     # --- its output, live -------------------------------------------------------------
@@ -396,14 +417,20 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         self._rerun_each(request, queryset.select_related("tenant").order_by("pk"))
 
     def _rerun_each(self, request, jobs) -> list[int]:
-        created = []
+        """Each job run again with the idempotency key of the form that asked (one a job):
+        the same form sent again finds the jobs it created and creates none."""
+        submission = _submission(request)
+        created, earlier = [], []
         for job in jobs:
+            key = f"admin-rerun:{submission}:{job.pk}" if submission else None
             try:
-                rerun, _ = job_rerun(tenant=job.tenant, job_id=job.pk, requested_by=request.user)
+                rerun, new = job_rerun(
+                    tenant=job.tenant, job_id=job.pk, requested_by=request.user, idempotency_key=key
+                )
             except DomainError as refusal:
                 self.message_user(request, f"Job {job.pk}: {refusal.message}", messages.WARNING)
                 continue
-            created.append(rerun.pk)
+            (created if new else earlier).append(rerun.pk)
         if created:
             self.message_user(
                 request,
@@ -411,4 +438,11 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
                 f"{', '.join(str(pk) for pk in created)}.",
                 messages.SUCCESS,
             )
-        return created
+        if earlier:
+            self.message_user(
+                request,
+                "This form was sent before: its job(s) "
+                f"{', '.join(str(pk) for pk in earlier)} were created then, none again.",
+                messages.INFO,
+            )
+        return created + earlier

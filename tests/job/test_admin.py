@@ -277,6 +277,39 @@ def test_the_run_again_button_of_a_finished_jobs_page_opens_the_new_job(admin_si
     assert Job.objects.filter(rerun_of=finished).count() == 1
 
 
+def test_a_jobs_run_again_form_sent_twice_creates_one_job(admin_site, tenant):
+    finished = failed_job(tenant, AutomationWithWorkerFactory())
+    page = admin_site.get(f"{CHANGELIST}{finished.pk}/change/").content.decode()
+    (key,) = re.findall(r'name="submission" value="(\w+)"', page)
+
+    first = admin_site.post(f"/admin/job/job/{finished.pk}/rerun/", {"submission": key})
+    again = admin_site.post(f"/admin/job/job/{finished.pk}/rerun/", {"submission": key})
+
+    (new,) = Job.objects.filter(rerun_of=finished)
+    assert first["Location"] == again["Location"] == f"/admin/job/job/{new.pk}/change/"
+    # The page shown again has a key of its own: its Run again is a new request.
+    page = admin_site.get(f"{CHANGELIST}{finished.pk}/change/").content.decode()
+    (other,) = re.findall(r'name="submission" value="(\w+)"', page)
+    admin_site.post(f"/admin/job/job/{finished.pk}/rerun/", {"submission": other})
+    assert Job.objects.filter(rerun_of=finished).count() == 2
+
+
+def test_the_lists_run_again_sent_twice_runs_each_job_again_once(admin_site, tenant):
+    automation = AutomationWithWorkerFactory()
+    finished = [failed_job(tenant, automation) for _ in range(2)]
+    key = admin_site.get(CHANGELIST).context["action_form"]["submission"].value()
+    chosen = {"action": "rerun", "_selected_action": [job.pk for job in finished]}
+
+    admin_site.post(CHANGELIST, {**chosen, "submission": key})
+    response = admin_site.post(CHANGELIST, {**chosen, "submission": key}, follow=True)
+
+    reruns = sorted(Job.objects.filter(rerun_of__in=finished).values_list("pk", flat=True))
+    assert len(reruns) == 2
+    texts = [str(message) for message in response.context["messages"]]
+    assert any("This form was sent before" in text for text in texts), texts
+    assert admin_site.get(CHANGELIST).context["action_form"]["submission"].value() != key
+
+
 def test_run_again_is_refused_for_a_job_of_an_inactive_tenant_or_automation(
     admin_site, tenant, other_tenant
 ):
