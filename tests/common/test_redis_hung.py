@@ -9,6 +9,7 @@ readiness answers 200 with Redis named as degraded.
 from __future__ import annotations
 
 import multiprocessing
+import statistics
 import time
 
 import pytest
@@ -65,7 +66,9 @@ def test_the_wake_signal_pays_one_timeout_per_hold_off_then_comes_back(frozen_re
     # Held off: skipped at once, as if Redis were down.
     results, rest = timed(lambda: [signal_relay() for _ in range(50)])
     assert results == [False] * 50
-    assert rest < 0.2, f"50 signals took {rest:.2f} s while Redis was held off"
+    # Not one timeout among them (each would be 0.3 s: 15 s in all); a bound ten times
+    # what they may take on a loaded machine, still a tenth of one timeout each.
+    assert rest < 50 * TIMEOUT / 10, f"50 signals took {rest:.2f} s while Redis was held off"
 
     frozen_redis.thaw()
     # The hold-off's probe finds Redis back within its interval, and the signals go again.
@@ -86,9 +89,10 @@ def test_login_pays_the_hung_cache_once_not_on_every_attempt(frozen_redis):
         assert response.status_code == 200, response.content
         took.append(seconds)
     # The first pays one timeout (its second throttle skips the held-off cache); the others
-    # none. Without the hold-off each of them paid two.
+    # none. Without the hold-off each of them paid two: the median of the others says which,
+    # whatever a loaded machine adds to one of them.
     assert took[0] < TIMEOUT * 2 + 0.5, took
-    assert sum(took[1:]) < TIMEOUT * 2, took
+    assert statistics.median(took[1:]) < TIMEOUT, took
 
 
 def test_readiness_answers_200_with_redis_degraded_within_one_attempt(frozen_redis, settings):
@@ -105,8 +109,8 @@ def test_the_relays_wait_stays_within_its_sweep_interval(frozen_redis):
     relay = RelayCommand()
     _, seconds = timed(lambda: relay.wait_for_signal(timeout=2.0))
     # A BLPOP slice, its margin, then what is left of the interval; before, the socket's
-    # timeout alone was six seconds.
-    assert seconds < 2.0 + 0.5, seconds
+    # timeout alone was six seconds (the bound leaves a loaded machine two of slack).
+    assert seconds < 2.0 + 2.0, seconds
 
 
 def test_a_daemons_heartbeat_record_pays_the_hung_cache_once(frozen_redis):
