@@ -1,0 +1,110 @@
+"""Many rows of one model written by one INSERT whose values travel one parameter a column.
+
+``bulk_create`` builds a model instance per row and a parameter per value, which the
+compiler and the driver then prepare value by value: for a batch of a thousand rows, most of
+its time. ``insert_sql`` takes the rows as columns instead: each column one array
+(``unnest``), a JSON column one JSON document (``jsonb_array_elements``: the driver would
+otherwise quote every element of a ``jsonb[]`` on its own), a value the same in every row
+one parameter, and the columns nobody gave their defaults, computed once for the statement.
+The database zips the columns back into rows (``ROWS FROM``), in order.
+
+The values are the ones the driver takes as they are (ints, strings, UUIDs, aware datetimes,
+booleans, None); nothing is converted per value, which is the point. A JSON column's values
+are Python objects, dumped together with the field's encoder, or a ``JSONArray`` already
+dumped (an element ``null`` is SQL NULL, as ``None`` is for the ORM).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, models
+from django.db.models.expressions import DatabaseDefault
+from django.db.models.sql import InsertQuery
+
+
+@dataclass(frozen=True)
+class JSONArray:
+    """A JSON column's values as one JSON array (text), an element a row."""
+
+    text: str
+    rows: int
+
+    @classmethod
+    def of_texts(cls, texts: Sequence[str]) -> JSONArray:
+        """Values already dumped, each a JSON text: joined, not dumped again."""
+        return cls("[" + ",".join(texts) + "]", len(texts))
+
+
+def insert_sql(
+    model: type[models.Model],
+    columns: Mapping[str, Sequence[Any] | JSONArray],
+    *,
+    same: Mapping[str, Any] | None = None,
+    overriding: bool = False,
+) -> tuple[str, list[Any]]:
+    """The INSERT of the rows given as ``columns`` (field name: one value a row) and ``same``
+    (field name: one value, or an expression such as ``clock_timestamp()``, for every row),
+    as SQL and parameters; ``overriding`` writes ids into an identity column.
+
+    Every other field gets what ``bulk_create`` would give a row that left it alone, computed
+    once: its default (a callable's one value for every row), ``auto_now``'s time, or the
+    database's default. A unique field is never left to that: it is given per row.
+    """
+    meta = model._meta
+    same = dict(same or {})
+    counts = {len(v) if not isinstance(v, JSONArray) else v.rows for v in columns.values()}
+    if len(counts) > 1:
+        raise ValueError(f"the columns of {meta.label} do not have one length: {counts}")
+    compiler = InsertQuery(model).get_compiler(connection=connection)
+    prototype = model(**{meta.get_field(name).attname: value for name, value in same.items()})
+    names, selected, select_params, sources, source_params = [], [], [], [], []
+    for field in meta.concrete_fields:
+        if field.generated:
+            continue
+        if field.name in columns or field.attname in columns:
+            values = columns.get(field.name, columns.get(field.attname))
+            alias = f"c{len(sources)}"
+            if isinstance(field, models.JSONField):
+                if not isinstance(values, JSONArray):
+                    values = JSONArray(json.dumps(list(values), cls=field.encoder), len(values))
+                sources.append("jsonb_array_elements(%s::jsonb)")
+                source_params.append(values.text)
+                # A JSON null element is the SQL NULL the ORM writes for None.
+                selected.append(f"NULLIF(u.{alias}, 'null'::jsonb)")
+            else:
+                sources.append(f"unnest(%s::{field.db_type(connection)}[])")
+                source_params.append(list(values))
+                selected.append(f"u.{alias}")
+            names.append(field.column)
+            continue
+        if field is meta.auto_field and field.name not in same:
+            continue
+        if field.name not in same and (field.unique or field.primary_key):
+            raise ValueError(f"{meta.label}.{field.name} is unique: give it for every row")
+        value = field.pre_save(prototype, add=True)
+        if isinstance(value, DatabaseDefault) or value is None:
+            continue  # the database's default, or NULL (Django gives its columns no other)
+        if hasattr(value, "resolve_expression"):
+            resolved = value.resolve_expression(compiler.query, allow_joins=False, for_save=True)
+            sql, params = compiler.compile(resolved)
+            selected.append(sql)
+            select_params.extend(params)
+        else:
+            selected.append(f"%s::{field.db_type(connection)}")
+            select_params.append(field.get_db_prep_save(value, connection))
+        names.append(field.column)
+    if not sources:
+        raise ValueError(f"no column of {meta.label} is given per row")
+    quote = connection.ops.quote_name
+    aliases = ", ".join(f"c{n}" for n in range(len(sources)))
+    override = " OVERRIDING SYSTEM VALUE" if overriding else ""
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(name) for name in names)})"  # noqa: S608 (names, types and expressions of the model; every value a parameter)
+        f"{override} SELECT {', '.join(selected)} "
+        f"FROM ROWS FROM ({', '.join(sources)}) AS u({aliases})"
+    )
+    return sql, select_params + source_params
