@@ -47,6 +47,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.db.models import Q
 from django.utils import timezone
 
+from common.columns import insert_sql
 from common.errors import DomainError
 from common.models import violated_constraint
 from job.batch import JobRequest, jobs_create_many
@@ -212,6 +213,18 @@ def _locked(ids: list[int]) -> list[Schedule]:
     return list(
         Schedule.objects.select_for_update(skip_locked=True, of=("self",))
         .select_related("tenant", "automation")
+        # What the firing reads and writes: reading every column of three tables for each
+        # schedule was a fifth of a batch's Python time.
+        .only(
+            *_FIRED_FIELDS,
+            "cron",
+            "timezone",
+            "misfire",
+            "params",
+            "tenant__is_active",
+            "automation__is_active",
+            "automation__params_schema",
+        )
         .filter(pk__in=ids, next_run_at__isnull=False)
         .order_by("next_run_at", "id")
     )
@@ -258,7 +271,7 @@ def _fire_set(locked: list[tuple[Schedule, Plan]], *, now: datetime, firing: Fir
             for schedule, due_at in wanted
         ]
     )
-    runs = []
+    runs: list[tuple[int, datetime, int]] = []
     for (schedule, due_at), outcome in zip(wanted, outcomes, strict=True):
         if isinstance(outcome, DomainError):
             if not schedule.is_paused:
@@ -266,12 +279,10 @@ def _fire_set(locked: list[tuple[Schedule, Plan]], *, now: datetime, firing: Fir
                 logger.warning("schedule %s paused: %s", schedule.pk, reason)
                 schedule.pause(now=now, reason=reason)
             continue
-        runs.append(
-            ScheduleRun(schedule=schedule, due_at=due_at, job_id=outcome.pk, created_at=now)
-        )
+        runs.append((schedule.pk, due_at, outcome.pk))
         schedule.ran(due_at=due_at)
         firing.started.append(outcome.pk)
-    ScheduleRun.objects.bulk_create(runs)
+    _record_runs(runs, now=now)
     schedules = []
     for schedule, plan in locked:
         if schedule.is_active and not schedule.is_paused:
@@ -282,6 +293,20 @@ def _fire_set(locked: list[tuple[Schedule, Plan]], *, now: datetime, firing: Fir
         schedules.append(schedule)
         firing.applied.append(schedule.pk)
     _save_all(schedules)
+
+
+def _record_runs(runs: list[tuple[int, datetime, int]], *, now: datetime) -> None:
+    """One ``schedule_runs`` row per (schedule, due time, job), in one INSERT."""
+    if not runs:
+        return
+    schedule_ids, due_ats, job_ids = zip(*runs, strict=True)
+    sql, params = insert_sql(
+        ScheduleRun,
+        {"schedule_id": schedule_ids, "due_at": due_ats, "job_id": job_ids},
+        same={"created_at": now},
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def _save_all(schedules: list[Schedule]) -> None:
