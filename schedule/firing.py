@@ -1,8 +1,9 @@
 """The firing: start one job per due time of the schedules whose next run has come.
 
-One batch is two steps. ``schedules_plan_due`` reads the due schedules without locking
-them and computes, for each, the due times to start and the next one (the calendar's
-search is bounded, but it is never done under a lock). ``schedules_fire_planned`` then
+One batch is two steps. ``schedules_plan_due`` reads the due schedules that no other
+firing holds (``SKIP LOCKED``, in a transaction of that one read) and computes, for each,
+the due times to start and the next one, the batch's schedules sharing each search (the
+calendar's search is bounded, but it is never done under a lock). ``schedules_fire_planned`` then
 takes the rows with ``FOR UPDATE SKIP LOCKED`` in one short transaction, keeps only those
 that still hold what the plan was computed from (same cron, zone, misfire and next run: a
 person's edit or another firing in between makes the plan stale, and the row is left to
@@ -72,6 +73,9 @@ class Firing:
     more: bool = False
     # Schedules whose plan was applied (the others were held by another firing, or stale).
     applied: list[int] = field(default_factory=list)
+    # Schedules planned that another firing held when this one came to lock them (or that
+    # stopped running meanwhile): the next plan, which skips the rows held, goes past them.
+    held: list[int] = field(default_factory=list)
     # Schedules whose firing failed (a bug): moved on to their next due time.
     failed: list[int] = field(default_factory=list)
 
@@ -106,8 +110,10 @@ def schedules_fire_due(*, now: datetime | None = None, batch_size: int = BATCH_S
     now = now or timezone.now()
     plans = schedules_plan_due(now=now, batch_size=batch_size)
     firing = schedules_fire_planned(plans, now=now)
-    # A full batch of which another firing took every row is left to it: no spinning.
-    firing.more = len(plans) == batch_size and bool(firing.applied)
+    # A full batch moved, or was taken by another firing meanwhile: what is due beyond it
+    # is next (the next plan skips the rows another firing holds, so this never spins on
+    # them). A full batch that was all stale (changed by people) waits for the next cycle.
+    firing.more = len(plans) == batch_size and bool(firing.applied or firing.held)
     return firing
 
 
@@ -122,15 +128,22 @@ def next_due_at() -> datetime | None:
 
 
 def schedules_plan_due(*, now: datetime, batch_size: int = BATCH_SIZE) -> list[Plan]:
-    """The plans of the earliest due schedules; reads only, outside any transaction.
+    """The plans of the earliest due schedules that no other firing holds; nothing is
+    locked once the rows are read.
 
     The schedules of a batch share their searches (``calendar.BatchCalendar``): ten
     thousand schedules of one cron line due at one minute search the calendar once."""
-    due = (
-        Schedule.objects.filter(next_run_at__lte=now)
-        .order_by("next_run_at", "id")
-        .only("id", "cron", "timezone", "misfire", "next_run_at")[:batch_size]
-    )
+    with transaction.atomic():
+        # SKIP LOCKED: the rows another firing is writing are left to it, and this one plans
+        # the next ones (two schedulers share a burst of due schedules instead of planning
+        # the same batch twice). The lock ends with this read: none is held while the
+        # calendar is searched.
+        due = list(
+            Schedule.objects.select_for_update(skip_locked=True, no_key=True)
+            .filter(next_run_at__lte=now)
+            .order_by("next_run_at", "id")
+            .only("id", "cron", "timezone", "misfire", "next_run_at")[:batch_size]
+        )
     searches = calendar.BatchCalendar()
     return [plan_of(schedule, now=now, searches=searches) for schedule in due]
 
@@ -182,9 +195,12 @@ def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
         return firing
     by_id = {plan.schedule_id: plan for plan in plans}
     with transaction.atomic():
+        rows = _locked(list(by_id))
+        taken = {schedule.pk for schedule in rows}
+        firing.held = [schedule_id for schedule_id in by_id if schedule_id not in taken]
         locked = [
             (schedule, by_id[schedule.pk])
-            for schedule in _locked(list(by_id))
+            for schedule in rows
             # Changed since it was planned: the next cycle plans it again.
             if schedule.calendar_key() == by_id[schedule.pk].key
         ]
@@ -203,7 +219,7 @@ def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
                 len(locked),
                 exc,
             )
-            firing = Firing()
+            firing = Firing(held=firing.held)
             fresh = {schedule.pk: schedule for schedule in _locked([s.pk for s, _ in locked])}
             _fire_each([(fresh[s.pk], plan) for s, plan in locked], now=now, firing=firing)
     return firing

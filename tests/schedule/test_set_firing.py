@@ -12,10 +12,10 @@ from django.test.utils import CaptureQueriesContext
 
 from job.models import Job
 from outbox.models import Event, OutboxMessage, TaskRun
-from schedule.firing import schedules_fire_due
+from schedule.firing import schedules_fire_due, schedules_fire_planned, schedules_plan_due
 from schedule.models import Schedule, ScheduleRun
 from tests.factories import AutomationFactory, TenantFactory
-from tests.schedule.support import jobs_of, new_schedule, utc
+from tests.schedule.support import jobs_of, new_schedule, other_connection, utc
 
 pytestmark = pytest.mark.django_db
 
@@ -164,3 +164,29 @@ def test_a_set_the_outbox_refuses_is_undone_and_fires_again_one_by_one():
     assert OutboxMessage.objects.filter(envelope__payload__job_id=job.pk).count() == 2
     first.refresh_from_db()
     assert first.status == "active" and first.next_run_at == utc(2026, 6, 2, 6)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_firing_plans_past_the_rows_another_firing_holds_and_says_more_may_be_due():
+    schedules = sorted(_due_at_six(6), key=lambda schedule: schedule.pk)
+    now = utc(2026, 6, 1, 6, 0, 3)
+    first, rest = [s.pk for s in schedules[:3]], {s.pk for s in schedules[3:]}
+    other = other_connection()
+    try:
+        # Another firing writing the first three (it holds their rows until it commits).
+        other.execute("SELECT id FROM schedules WHERE id = ANY(%s) FOR UPDATE", [first])
+
+        firing = schedules_fire_due(now=now, batch_size=3)
+
+        assert {job.triggered_by["schedule"] for job in Job.objects.all()} == rest
+        assert firing.more and firing.held == []
+        # Planned before the other firing took them, held when it came to lock them: the
+        # batch is the other's, and this firing says more may be due beyond it.
+        other.rollback()
+        plans = schedules_plan_due(now=now, batch_size=3)
+        other.execute("SELECT id FROM schedules WHERE id = ANY(%s) FOR UPDATE", [first])
+        late = schedules_fire_planned(plans, now=now)
+        assert late.started == [] and sorted(late.held) == first
+    finally:
+        other.close()
+    assert Job.objects.count() == 3
