@@ -56,19 +56,35 @@ def insert_sql(
     """
     meta = model._meta
     same = dict(same or {})
-    counts = {len(v) if not isinstance(v, JSONArray) else v.rows for v in columns.values()}
-    if len(counts) > 1:
-        raise ValueError(f"the columns of {meta.label} do not have one length: {counts}")
+    counts = {v.rows if isinstance(v, JSONArray) else len(v) for v in columns.values()}
+    if len(counts) != 1 or counts == {0}:
+        raise ValueError(f"the columns of {meta.label} need one length of one row or more")
+    given = {meta.get_field(name): values for name, values in columns.items()}
+    # A column the same in every row (a task's name, a queue) is one parameter, not an
+    # array the driver would quote element by element; one column at least stays an array
+    # or a document, which gives the rows.
+    uniform = {
+        field
+        for field, values in given.items()
+        if not isinstance(field, models.JSONField)
+        and len(values) > 1
+        and values.count(values[0]) == len(values)
+    }
+    if uniform == set(given):
+        uniform.discard(next(iter(given)))
     compiler = InsertQuery(model).get_compiler(connection=connection)
     prototype = model(**{meta.get_field(name).attname: value for name, value in same.items()})
     names, selected, select_params, sources, source_params = [], [], [], [], []
     for field in meta.concrete_fields:
         if field.generated:
             continue
-        if field.name in columns or field.attname in columns:
-            values = columns.get(field.name, columns.get(field.attname))
+        if field in given:
+            values = given[field]
             alias = f"c{len(sources)}"
-            if isinstance(field, models.JSONField):
+            if field in uniform:
+                selected.append(f"%s::{field.db_type(connection)}")
+                select_params.append(values[0])
+            elif isinstance(field, models.JSONField):
                 if not isinstance(values, JSONArray):
                     values = JSONArray(json.dumps(list(values), cls=field.encoder), len(values))
                 sources.append("jsonb_array_elements(%s::jsonb)")
@@ -97,8 +113,6 @@ def insert_sql(
             selected.append(f"%s::{field.db_type(connection)}")
             select_params.append(field.get_db_prep_save(value, connection))
         names.append(field.column)
-    if not sources:
-        raise ValueError(f"no column of {meta.label} is given per row")
     quote = connection.ops.quote_name
     aliases = ", ".join(f"c{n}" for n in range(len(sources)))
     override = " OVERRIDING SYSTEM VALUE" if overriding else ""

@@ -36,8 +36,10 @@ def test_a_parameter_a_column_whatever_the_number_of_rows():
         same={"available_at": clock_timestamp()},
     )
 
-    # Three arrays and one JSON document; the database's defaults left to it.
+    # A parameter a column (the queue and the tenant, the same in every row, as one value
+    # each); the database's defaults left to it.
     assert len(params) == 4 and "clock_timestamp()" in sql
+    assert [len(p) for p in params if isinstance(p, list)] == [300]
     assert '"attempts"' not in sql and '"created_at"' not in sql
     ids = inserted_ids(sql, params)
     rows = OutboxMessage.objects.in_bulk(ids)
@@ -124,6 +126,29 @@ def test_auto_now_and_callable_defaults_are_computed_once_for_the_statement():
     assert {run.status for run in runs} == {"queued"} and {run.tenant_id for run in runs} == {
         tenant.pk
     }
+
+
+def test_rows_whose_every_column_is_the_same_are_all_written():
+    tenant = TenantFactory()
+    sql, params = insert_sql(
+        Event,
+        {
+            "type": ["JobCreated"] * 3,
+            "aggregate_type": ["Job"] * 3,
+            "aggregate_id": ["1"] * 3,
+            "tenant_id": [tenant.pk] * 3,
+            "actor": ["system"] * 3,
+            "payload": JSONArray.of_texts(["{}"] * 3),
+        },
+    )
+    assert len(inserted_ids(sql, params)) == 3
+    # Every column the same (no JSON document to give the rows): the first one stays an
+    # array, as a single row's do.
+    same = uuid.uuid4()
+    sql, params = insert_sql(TaskRun, {"run_id": [same, same], "task": ["a"] * 2})
+    assert "unnest(%s::uuid[])" in sql and [same, same] in params
+    sql, params = insert_sql(TaskRun, {"run_id": [uuid.uuid4()], "task": ["a"], "queue": ["bulk"]})
+    assert sql.count("unnest(") == 3
 
 
 def test_a_unique_column_left_out_or_columns_of_unequal_length_are_refused():
