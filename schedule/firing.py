@@ -46,6 +46,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from common.columns import insert_sql
@@ -228,20 +229,13 @@ def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
 def _locked(ids: list[int]) -> list[Schedule]:
     return list(
         Schedule.objects.select_for_update(skip_locked=True, of=("self",))
-        .select_related("tenant", "automation")
-        # What the firing reads and writes: reading every column of three tables for each
-        # schedule was a fifth of a batch's Python time.
-        .only(
-            *_FIRED_FIELDS,
-            "cron",
-            "timezone",
-            "misfire",
-            "params",
-            "tenant__is_active",
-            "automation__is_active",
-            "automation__params_schema",
-        )
-        .filter(pk__in=ids, next_run_at__isnull=False)
+        # What the firing reads and writes, and each tenant and automation once for the
+        # batch (a prefetch), not once per schedule: reading every column of three tables
+        # for each schedule was a fifth of a batch's Python time.
+        .only(*_FIRED_FIELDS, "cron", "timezone", "misfire", "params", "tenant", "automation")
+        .prefetch_related("tenant", "automation")
+        # One array, not a parameter an id (quoted one by one).
+        .filter(pk__in=RawSQL("SELECT unnest(%s::bigint[])", (ids,)), next_run_at__isnull=False)
         .order_by("next_run_at", "id")
     )
 
