@@ -68,7 +68,9 @@ def jobs_create_many(requests: Sequence[JobRequest]) -> list[Job | DomainError]:
     jobs = [outcome for outcome in outcomes if isinstance(outcome, Job)]
     if not jobs:
         return outcomes
-    with transaction.atomic():
+    # No savepoint of its own (two round trips): a failure here fails the caller's block,
+    # which undoes the batch (the firing's set, in its savepoint).
+    with transaction.atomic(savepoint=False):
         _insert(jobs, now=now, traceparent=traceparent)
         publish_many(
             Occurrence(event.name, event.payload, aggregate=job, tenant=job.tenant_id)
