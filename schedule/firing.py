@@ -321,23 +321,29 @@ def _record_runs(runs: list[tuple[int, datetime, int]], *, now: datetime) -> Non
 
 def _save_all(schedules: list[Schedule]) -> None:
     """Save the columns the firing changes, for every schedule, in one UPDATE (rows given
-    as arrays: ``bulk_update``'s CASE per column and row costs more to build than to run)."""
-    columns = {name: Schedule._meta.get_field(name) for name in _FIRED_FIELDS}
-    arrays = [[schedule.pk for schedule in schedules]] + [
-        [getattr(schedule, field.attname) for schedule in schedules] for field in columns.values()
-    ]
-    types = ["bigint"] + [
-        "boolean" if name == "is_active" else "text" if name.endswith("_reason") else "timestamptz"
-        for name in columns
-    ]
-    names = ", ".join(f'"{field.column}"' for field in columns.values())
-    sets = ", ".join(f'"{field.column}" = v."{field.column}"' for field in columns.values())
-    unnest = ", ".join(f"%s::{kind}[]" for kind in types)
+    as arrays: ``bulk_update``'s CASE per column and row costs more to build than to run).
+    A column the same for every schedule (its new next run, after a burst of one cron line)
+    is one value, not an array."""
+    ids = [schedule.pk for schedule in schedules]
+    sets, arrays, names, params, kinds = [], [ids], ['"id"'], [], ["bigint"]
+    for name in _FIRED_FIELDS:
+        field = Schedule._meta.get_field(name)
+        kind = field.db_type(connection)
+        values = [getattr(schedule, field.attname) for schedule in schedules]
+        if values.count(values[0]) == len(values):
+            sets.append(f'"{field.column}" = %s::{kind}')
+            params.append(values[0])
+        else:
+            sets.append(f'"{field.column}" = v."{field.column}"')
+            names.append(f'"{field.column}"')
+            arrays.append(values)
+            kinds.append(kind)
+    unnest = ", ".join(f"%s::{kind}[]" for kind in kinds)
     with connection.cursor() as cursor:
         cursor.execute(
-            f'UPDATE "schedules" s SET {sets} FROM unnest({unnest}) AS v("id", {names}) '  # noqa: S608 (column names of the model, values as parameters)
-            'WHERE s."id" = v."id"',
-            arrays,
+            f'UPDATE "schedules" s SET {", ".join(sets)} '  # noqa: S608 (column names and types of the model, values as parameters)
+            f'FROM unnest({unnest}) AS v({", ".join(names)}) WHERE s."id" = v."id"',
+            params + arrays,
         )
 
 
