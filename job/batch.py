@@ -97,9 +97,13 @@ def _insert(jobs: list[Job], *, now, traceparent: str) -> None:
         same={"created_at": now, "updated_at": now, "traceparent": traceparent},
     )
     with connection.cursor() as cursor:
-        # The rows are inserted, and their ids returned, in the order of the arrays.
         cursor.execute(f'{sql} RETURNING "id"', params)
-        for job, (job_id,) in zip(jobs, cursor.fetchall(), strict=True):
+        # The rows are inserted in the order of the arrays, each taking the sequence's next
+        # id as it goes: sorted, the ids are the jobs', in order, whatever order RETURNING
+        # gives them in.
+        for job, job_id in zip(
+            jobs, sorted(job_id for (job_id,) in cursor.fetchall()), strict=True
+        ):
             job.pk = job_id
             job._state.adding = False
 
