@@ -135,8 +135,9 @@ class Occurrence:
     actor: Any = None
 
 
-# Events ``publish_many`` writes in one statement: its parameters stay well within the
-# 65,535 a PostgreSQL statement takes, whatever the number of subscribers.
+# Events ``publish_many`` writes in one statement. Its rows go as columns, so its parameters
+# do not grow with them (a few dozen, whatever the number of events and subscribers): the
+# chunk bounds the statement's size and the memory it takes, as one batch of due schedules.
 PUBLISH_MANY_CHUNK = 500
 
 
