@@ -3,17 +3,19 @@
 One batch is two steps. ``schedules_plan_due`` reads the due schedules that no other
 firing holds (``SKIP LOCKED``, in a transaction of that one read) and computes, for each,
 the due times to start and the next one, the batch's schedules sharing each search (the
-calendar's search is bounded, but it is never done under a lock). ``schedules_fire_planned`` then
-takes the rows with ``FOR UPDATE SKIP LOCKED`` in one short transaction, keeps only those
-that still hold what the plan was computed from (same cron, zone, misfire and next run: a
-person's edit or another firing in between makes the plan stale, and the row is left to
-the next cycle), and starts the jobs. ``manage.py run_scheduler`` runs
-``schedules_fire_due``, both steps, batch after batch.
+calendar's search is bounded, but it is never done under a lock).
+``schedules_fire_planned`` then takes the rows with ``FOR UPDATE SKIP LOCKED`` in one short
+transaction, keeps only those that still hold what the plan was computed from (same cron,
+zone, misfire and next run: a person's edit or another firing in between makes the plan
+stale, and the row is left to the next cycle), and starts the jobs. ``manage.py
+run_scheduler`` runs ``schedules_fire_due``, both steps, batch after batch; a firing whose
+batch another took meanwhile says more may be due, and its next plan goes past those rows.
 
 The batch is fired as a set: its jobs, their events, task runs and outbox rows, its run
 rows and the schedules' new state are written in a few statements for the whole batch
 (``job.batch.jobs_create_many``, ``outbox.services.publish_many``, one INSERT of the runs,
-one UPDATE of the schedules), not a transaction each. When that fails (a row the database
+one UPDATE of the schedules), not a transaction each, their rows as columns
+(``common.columns``). When that fails (a row the database
 refuses, a due time another firing took meanwhile), it is rolled back to its savepoint and
 the same batch is fired again schedule by schedule, each in a savepoint of its own: the bad
 row is isolated, and the others fire.
