@@ -55,7 +55,7 @@ def insert_sql(
     database's default. A unique field is never left to that: it is given per row.
     """
     meta = model._meta
-    same = dict(same or {})
+    same = same or {}
     counts = {v.rows if isinstance(v, JSONArray) else len(v) for v in columns.values()}
     if len(counts) != 1 or counts == {0}:
         raise ValueError(f"the columns of {meta.label} need one length of one row or more")
@@ -73,7 +73,8 @@ def insert_sql(
     if uniform == set(given):
         uniform.discard(next(iter(given)))
     compiler = InsertQuery(model).get_compiler(connection=connection)
-    prototype = model(**{meta.get_field(name).attname: value for name, value in same.items()})
+    alike = {meta.get_field(name): value for name, value in same.items()}
+    prototype = model(**{field.attname: value for field, value in alike.items()})
     names, selected, select_params, sources, source_params = [], [], [], [], []
     for field in meta.concrete_fields:
         if field.generated:
@@ -97,9 +98,9 @@ def insert_sql(
                 selected.append(f"u.{alias}")
             names.append(field.column)
             continue
-        if field is meta.auto_field and field.name not in same:
+        if field is meta.auto_field and field not in alike:
             continue
-        if field.name not in same and (field.unique or field.primary_key):
+        if field not in alike and (field.unique or field.primary_key):
             raise ValueError(f"{meta.label}.{field.name} is unique: give it for every row")
         value = field.pre_save(prototype, add=True)
         if isinstance(value, DatabaseDefault) or value is None:
