@@ -46,6 +46,7 @@ from django.utils import timezone
 
 from broker.topology import automation_queue_name
 from common import tracing
+from common.columns import JSONArray, insert_sql
 from common.context import get_correlation_id
 from outbox.catalog import TaskSpec, get_catalog
 from outbox.listeners import RecordedEvent, notify_listeners, notify_listeners_of_many
@@ -134,8 +135,9 @@ class Occurrence:
     actor: Any = None
 
 
-# Events ``publish_many`` writes in one statement: its parameters stay well within the
-# 65,535 a PostgreSQL statement takes, whatever the number of subscribers.
+# Events ``publish_many`` writes in one statement. Its rows go as columns, so its parameters
+# do not grow with them (a few dozen, whatever the number of events and subscribers): the
+# chunk bounds the statement's size and the memory it takes, as one batch of due schedules.
 PUBLISH_MANY_CHUNK = 500
 
 
@@ -159,62 +161,103 @@ def publish_many(occurrences: Iterable[Occurrence]) -> list[Published]:
 
 
 def _publish_chunk(occurrences: list[Occurrence]) -> list[Published]:
+    """Many events in one statement, their rows built as columns (``common.columns``): a
+    tuple a row, not a model instance, and no value converted one by one."""
+    if not occurrences:
+        return []
     catalog = get_catalog()
-    prepared: list[tuple[_Runs, Event]] = []
+    correlation_id = get_correlation_id()
+    traceparent = tracing.current_traceparent()
+    occurred_at = timezone.now().isoformat()
+    # Every refusal (a payload that is not JSON, one missing its routing key, an envelope
+    # too large) is found before anything is written.
+    prepared = []
     for occurrence in occurrences:
         body = _json_object(occurrence.payload)
-        aggregate_type, aggregate_id = _aggregate_key(occurrence.aggregate)
-        tenant_id = _id_of(occurrence.tenant)
-        runs = _prepare_runs(
-            catalog.subscribers(occurrence.event),
-            body,
-            tenant_id=tenant_id,
-            event=occurrence.event,
-            delay=None,
+        payload = json.loads(body)
+        specs = catalog.subscribers(occurrence.event)
+        prepared.append(
+            _Prepared(
+                occurrence.event,
+                body,
+                payload,
+                [(spec, _destination(spec, payload)) for spec in specs],
+                *_aggregate_key(occurrence.aggregate),
+                _id_of(occurrence.tenant),
+                actor_label(occurrence.actor),
+            )
         )
-        record = Event(
-            type=occurrence.event,
-            aggregate_type=aggregate_type,
-            aggregate_id=aggregate_id,
-            tenant_id=tenant_id,
-            actor=actor_label(occurrence.actor),
-            payload=json.loads(body),
-            correlation_id=get_correlation_id(),
-        )
-        prepared.append((runs, record))
-    if not prepared:
-        return []
-    # The events' ids first (one statement): each envelope then carries its own, checked
-    # for size before anything is written.
-    for (runs, record), event_id in zip(prepared, _new_event_ids(len(prepared)), strict=True):
-        record.pk = event_id
-        runs.take_event_id(event_id)
-    events = [record for _, record in prepared]
-    groups = [runs for runs, _ in prepared]
-    _write_many(groups, events)
+    # The events' ids first (one statement): each envelope then carries its own, and is
+    # checked for size with it.
+    event_ids = _new_event_ids(len(prepared))
+    messages: dict[type[models.Model], list[tuple[uuid.UUID, str, str, int | None]]] = {}
+    runs: list[tuple[uuid.UUID, str, str, str, int | None]] = []
+    run_ids: list[list[uuid.UUID]] = []
+    for event, event_id in zip(prepared, event_ids, strict=True):
+        model = OutboxMessage if event.tenant_id is not None else PlatformOutboxMessage
+        ids = []
+        for spec, destination in event.specs:
+            run_id = uuid.uuid4()
+            envelope = _envelope(
+                spec,
+                run_id=run_id,
+                destination=destination,
+                event=event.type,
+                event_id=event_id,
+                tenant_id=event.tenant_id,
+                payload=event.payload,
+                occurred_at=occurred_at,
+                correlation_id=correlation_id,
+                traceparent=traceparent,
+            )
+            text = json.dumps(envelope, separators=(",", ":"))
+            _check_size(spec.name, len(text.encode()))
+            messages.setdefault(model, []).append((run_id, spec.queue, text, event.tenant_id))
+            if spec.destination != "automation":  # settled by nobody: see the docstring
+                runs.append((run_id, spec.name, spec.queue, event.type, event.tenant_id))
+            ids.append(run_id)
+        run_ids.append(ids)
+    occurred = _write_columns(prepared, event_ids, runs, messages, correlation_id)
     recorded = [
         RecordedEvent(
-            id=record.pk,
-            type=record.type,
-            tenant_id=record.tenant_id,
-            aggregate_type=record.aggregate_type,
-            aggregate_id=record.aggregate_id,
-            payload=record.payload,
-            occurred_at=record.occurred_at,
+            id=event_id,
+            type=event.type,
+            tenant_id=event.tenant_id,
+            aggregate_type=event.aggregate_type,
+            aggregate_id=event.aggregate_id,
+            payload=event.payload,
+            occurred_at=occurred[event_id],
         )
-        for record in events
+        for event, event_id in zip(prepared, event_ids, strict=True)
     ]
     try:
         notify_listeners_of_many(recorded)
     except Exception:
         if not connection.needs_rollback:
-            Event.objects.filter(pk__in=[record.pk for record in events]).delete()
-            run_ids = [run_id for runs in groups for run_id in runs.run_ids]
+            Event.objects.filter(pk__in=event_ids).delete()
+            every_run = [run_id for ids in run_ids for run_id in ids]
             for model in (OutboxMessage, PlatformOutboxMessage):
-                model.objects.filter(run_id__in=run_ids).delete()
-            TaskRun.objects.filter(run_id__in=run_ids).delete()
+                model.objects.filter(run_id__in=every_run).delete()
+            TaskRun.objects.filter(run_id__in=every_run).delete()
         raise
-    return [Published(event_id=record.pk, run_ids=tuple(runs.run_ids)) for runs, record in prepared]
+    return [
+        Published(event_id=event_id, run_ids=tuple(ids))
+        for event_id, ids in zip(event_ids, run_ids, strict=True)
+    ]
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """One event of ``publish_many``, checked and ready to write."""
+
+    type: str
+    body: str
+    payload: dict[str, Any]
+    specs: list[tuple[TaskSpec, str]]  # each subscriber and its destination
+    aggregate_type: str
+    aggregate_id: str
+    tenant_id: int | None
+    actor: str
 
 
 _NEW_EVENTS = 'SELECT "id", "occurred_at" FROM new_events'
@@ -229,35 +272,64 @@ def _new_event_ids(count: int) -> list[int]:
         return [event_id for (event_id,) in cursor.fetchall()]
 
 
-def _write_many(groups: list[_Runs], events: list[Event]) -> None:
-    """Write ``events`` (their ids already taken) and the outbox rows and runs of every
-    group, in one statement; the events get the database's ``occurred_at``."""
+def _write_columns(
+    events: list[_Prepared],
+    event_ids: list[int],
+    runs: list[tuple[uuid.UUID, str, str, str, int | None]],
+    messages: dict[type[models.Model], list[tuple[uuid.UUID, str, str, int | None]]],
+    correlation_id: str,
+) -> dict[int, datetime]:
+    """Write the events (their ids already taken), their runs and outbox rows in one
+    statement; returns each event's ``occurred_at``, the database's."""
     parts, params = [], []
     # The ids were taken from the column's own sequence: an identity column takes them so.
-    sql, values = _insert_sql(Event, events, with_pk=True, overriding=True)
+    sql, values = insert_sql(
+        Event,
+        {
+            "id": event_ids,
+            "type": [event.type for event in events],
+            "aggregate_type": [event.aggregate_type for event in events],
+            "aggregate_id": [event.aggregate_id for event in events],
+            "tenant_id": [event.tenant_id for event in events],
+            "actor": [event.actor for event in events],
+            "payload": JSONArray.of_texts([event.body for event in events]),
+        },
+        same={"correlation_id": correlation_id},
+        overriding=True,
+    )
     parts.append(f'new_events AS ({sql} RETURNING "id", "occurred_at")')
     params.extend(values)
-    task_runs = [run for runs in groups for run in runs.runs]
-    if task_runs:
-        sql, values = _insert_sql(TaskRun, task_runs)
+    if runs:
+        run_id, task, queue, event, tenant_id = zip(*runs, strict=True)
+        sql, values = insert_sql(
+            TaskRun,
+            {
+                "run_id": run_id,
+                "task": task,
+                "queue": queue,
+                "event": event,
+                "tenant_id": tenant_id,
+            },
+            same={"status": TaskRun.Status.QUEUED, "correlation_id": correlation_id},
+        )
         parts.append(f"new_runs AS ({sql})")
         params.extend(values)
-    by_model: dict[type[models.Model], list[models.Model]] = {}
-    for runs in groups:
-        by_model.setdefault(runs.model, []).extend(runs.messages)
-    for n, (model, messages) in enumerate(by_model.items()):
-        if messages:
-            sql, values = _insert_sql(model, messages)
-            parts.append(f"new_messages_{n} AS ({sql})")
-            params.extend(values)
+    for n, (model, rows) in enumerate(messages.items()):
+        run_id, queue, envelope, tenant_id = zip(*rows, strict=True)
+        columns = {"run_id": run_id, "queue": queue, "envelope": JSONArray.of_texts(envelope)}
+        if model is OutboxMessage:
+            columns["tenant_id"] = tenant_id
+        # Due times come from the database clock, the same clock the relay compares with.
+        sql, values = insert_sql(model, columns, same={"available_at": clock_timestamp()})
+        parts.append(f"new_messages_{n} AS ({sql})")
+        params.extend(values)
     with connection.cursor() as cursor:
         # Only the models' own INSERTs are joined here; every value is a parameter.
         cursor.execute(f"WITH {', '.join(parts)} {_NEW_EVENTS}", params)
         occurred = dict(cursor.fetchall())
-    for event in events:
-        event.occurred_at = occurred[event.pk]
-    if any(runs.messages for runs in groups):
+    if messages:
         signal_relay_on_commit()
+    return occurred
 
 
 def publish(
@@ -361,13 +433,6 @@ class _Runs:
             [run for part in parts for run in part.runs],
             [size for part in parts for size in part.sizes],
         )
-
-    def take_event_id(self, event_id: int) -> None:
-        """Name the event (its id taken before it is written) in every envelope, and
-        check their sizes with it."""
-        for message, size in zip(self.messages, self.sizes, strict=True):
-            message.envelope["event_id"] = event_id
-            _check_size(message.envelope["task"], size - _NULL_ID_LENGTH + len(str(event_id)))
 
     def write(self) -> list[uuid.UUID]:
         """Write the outbox rows and their runs, in one statement."""
@@ -567,21 +632,19 @@ def _prepare_runs(
     messages, runs, sizes = [], [], []
     for spec in specs:
         run_id = uuid.uuid4()
-        envelope = {
-            "version": ENVELOPE_VERSION,
-            "run_id": str(run_id),
-            "task": spec.name,
-            "queue": spec.queue,
-            "destination": _destination(spec, payload),
-            "event": event,
-            "event_id": None,  # an event's id is known once its trail row is written
-            "tenant": tenant_id,
-            "payload": payload,
-            "occurred_at": occurred_at,
-            "correlation_id": correlation_id,
-        }
-        if traceparent is not None:
-            envelope["traceparent"] = traceparent
+        envelope = _envelope(
+            spec,
+            run_id=run_id,
+            destination=_destination(spec, payload),
+            event=event,
+            # An event's id is known once its trail row is written.
+            event_id=None,
+            tenant_id=tenant_id,
+            payload=payload,
+            occurred_at=occurred_at,
+            correlation_id=correlation_id,
+            traceparent=traceparent,
+        )
         size = len(json.dumps(envelope, separators=(",", ":")).encode())
         # The shortest id an event can have: an envelope over the limit even with it is
         # refused before anything is written.
@@ -605,6 +668,38 @@ def _prepare_runs(
             )
         )
     return _Runs(model, messages, runs, sizes)
+
+
+def _envelope(
+    spec: TaskSpec,
+    *,
+    run_id: uuid.UUID,
+    destination: str,
+    event: str | None,
+    event_id: int | None,
+    tenant_id: int | None,
+    payload: dict[str, Any],
+    occurred_at: str,
+    correlation_id: str,
+    traceparent: str | None,
+) -> dict[str, Any]:
+    """The envelope of one run (the module's docstring shows it)."""
+    envelope = {
+        "version": ENVELOPE_VERSION,
+        "run_id": str(run_id),
+        "task": spec.name,
+        "queue": spec.queue,
+        "destination": destination,
+        "event": event,
+        "event_id": event_id,
+        "tenant": tenant_id,
+        "payload": payload,
+        "occurred_at": occurred_at,
+        "correlation_id": correlation_id,
+    }
+    if traceparent is not None:
+        envelope["traceparent"] = traceparent
+    return envelope
 
 
 def _check_size(task: str, size: int) -> None:

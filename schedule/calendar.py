@@ -48,10 +48,11 @@ import functools
 import heapq
 import re
 import zoneinfo
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
+from typing import Any
 
 CRON_FIELDS = 5
 CRON_MAX_LENGTH = 200
@@ -496,3 +497,65 @@ def latest_due_between(
                 return found
         day -= timedelta(days=1)
     return found
+
+
+class BatchCalendar:
+    """The calendar for one batch of schedules: each search answered once per arguments.
+
+    The due schedules of a batch share few (expression, zone) pairs, the same ``now`` and,
+    when they fell due together, the same ``since``: the firing asks this object instead of
+    the module's functions, and each distinct search runs once. The answers are the
+    functions' own, bounds included: a search that reaches its bound raises
+    ``CalendarLimit`` again for every schedule that asks it (each is paused with the
+    reason), without searching again. One object serves one batch (its ``now``): it keeps
+    every answer it gave.
+    """
+
+    def __init__(self) -> None:
+        self._answers: dict[tuple[object, ...], object] = {}
+
+    def next_due_after(self, expression: str, zone: str, after: datetime) -> datetime:
+        return self._answer(
+            ("next", expression, zone, after), lambda: next_due_after(expression, zone, after)
+        )
+
+    def due_times_between(
+        self, expression: str, zone: str, *, since: datetime, until: datetime, limit: int
+    ) -> list[datetime]:
+        return list(
+            self._answer(
+                ("between", expression, zone, since, until, limit),
+                lambda: tuple(
+                    due_times_between(expression, zone, since=since, until=until, limit=limit)
+                ),
+            )
+        )
+
+    def latest_due_between(
+        self, expression: str, zone: str, *, since: datetime, until: datetime
+    ) -> datetime | None:
+        return self._answer(
+            ("latest", expression, zone, since, until),
+            lambda: latest_due_between(expression, zone, since=since, until=until),
+        )
+
+    def _answer(self, key: tuple[object, ...], search: Callable[[], Any]) -> Any:
+        try:
+            answer = self._answers[key]
+        except KeyError:
+            try:
+                answer = search()
+            except UNREADABLE as exc:
+                answer = _Refused(exc)
+            self._answers[key] = answer
+        if isinstance(answer, _Refused):
+            # A fresh exception each time: one raised again would grow its traceback.
+            raise type(answer.error)(*answer.error.args)
+        return answer
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """A search's refusal, kept to be raised again for the next schedule that asks."""
+
+    error: Exception

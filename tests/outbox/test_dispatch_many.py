@@ -19,6 +19,7 @@ from outbox.services import (
     NotInTransaction,
     Occurrence,
     dispatch_many,
+    publish,
     publish_many,
 )
 from tests.factories import TenantFactory
@@ -197,3 +198,42 @@ def test_a_listener_with_a_batch_form_hears_the_events_of_one_call_together(monk
     assert [[event.id for event in events] for events in together] == [
         [p.event_id for p in published]
     ]
+
+
+def test_publish_many_writes_the_very_rows_publish_writes(monkeypatch):
+    monkeypatch.setattr(listeners, "_listeners", {})
+    tenant = TenantFactory()
+    occurrences = [
+        _created(5, tenant),
+        # A platform event (no tenant): its rows go to the platform's outbox.
+        Occurrence("AutomationCreated", {"automation_id": 9, "name": 'é "q"'}, aggregate=("A", 9)),
+    ]
+    with transaction.atomic():
+        one_by_one = [
+            publish(o.event, o.payload, tenant=o.tenant, aggregate=o.aggregate) for o in occurrences
+        ]
+    with transaction.atomic():
+        many = publish_many(occurrences)
+
+    def rows(published) -> list:
+        event = Event.objects.get(pk=published.event_id)
+        found = [
+            (event.type, event.aggregate_type, event.aggregate_id, event.tenant_id, event.actor),
+            (event.payload, event.correlation_id != ""),
+        ]
+        for model in (OutboxMessage, PlatformOutboxMessage):
+            for message in model.objects.filter(run_id__in=published.run_ids).order_by("id"):
+                envelope = dict(message.envelope)
+                # Each run its own id, each event its own; the rest is the same.
+                assert envelope.pop("run_id") == str(message.run_id)
+                assert envelope.pop("event_id") == event.pk
+                envelope.pop("occurred_at"), envelope.pop("correlation_id")
+                found.append((model.__name__, message.queue, envelope, message.attempts))
+                assert message.available_at <= message.created_at + timedelta(seconds=1)
+        for run in TaskRun.objects.filter(run_id__in=published.run_ids).order_by("task"):
+            found.append((run.task, run.queue, run.event, run.tenant_id, run.status))
+        return found
+
+    for alone, together in zip(one_by_one, many, strict=True):
+        assert len(alone.run_ids) == len(together.run_ids)
+        assert rows(together) == rows(alone)

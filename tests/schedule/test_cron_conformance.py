@@ -30,7 +30,14 @@ from zoneinfo import TZPATH, ZoneInfo, available_timezones
 import pytest
 from croniter import croniter
 
-from schedule.calendar import due_times_after
+from schedule.calendar import (
+    BatchCalendar,
+    CalendarLimit,
+    due_times_after,
+    due_times_between,
+    latest_due_between,
+    next_due_after,
+)
 
 FULL = os.environ.get("CHAOS", "").strip().lower() == "full"
 MINUTE = timedelta(minutes=1)
@@ -419,6 +426,53 @@ def test_the_calendar_agrees_with_the_walker_and_differs_from_croniter_only_as_d
     assert unexplained == []
     assert compared > (20_000 if FULL else 5_000)
     assert set(differences) == set(CRONITER_DST)  # each documented class still happens
+
+
+def test_a_batch_s_shared_searches_answer_as_the_calendar_does_on_every_case():
+    """The firing asks ``BatchCalendar`` (each search once per batch) where it asked the
+    module's functions: on every case above, every search the firing makes answers the same,
+    asked once or again."""
+    compared = 0
+    differing = []
+    for zone, start, expressions, _ in cases():
+        end = start + WINDOW
+        searches = BatchCalendar()
+        for expression in expressions:
+            expected = (
+                due_times_between(expression, zone, since=start, until=end, limit=1000),
+                due_times_between(expression, zone, since=start, until=end, limit=3),
+                next_due_after(expression, zone, start),
+                next_due_after(expression, zone, end),
+                latest_due_between(expression, zone, since=start, until=end),
+            )
+            for _ in range(2):
+                shared = (
+                    searches.due_times_between(
+                        expression, zone, since=start, until=end, limit=1000
+                    ),
+                    searches.due_times_between(expression, zone, since=start, until=end, limit=3),
+                    searches.next_due_after(expression, zone, start),
+                    searches.next_due_after(expression, zone, end),
+                    searches.latest_due_between(expression, zone, since=start, until=end),
+                )
+                compared += 1
+                if shared != expected:
+                    differing.append((expression, zone, start.isoformat()))
+    assert differing == []
+    assert compared > (40_000 if FULL else 10_000)
+
+
+def test_a_batch_s_shared_search_that_reaches_its_bound_refuses_every_schedule_that_asks():
+    # Every time of it falls in New York's gap: no due time within the bound.
+    expression, zone = "*/15 2 8-14 3 */7", "America/New_York"
+    after = datetime(2026, 6, 1, tzinfo=UTC)
+    with pytest.raises(CalendarLimit) as alone:
+        next_due_after(expression, zone, after)
+    searches = BatchCalendar()
+    for _ in range(3):
+        with pytest.raises(CalendarLimit) as shared:
+            searches.next_due_after(expression, zone, after)
+        assert str(shared.value) == str(alone.value)
 
 
 @pytest.mark.parametrize("expression", sorted(CRONITER_READS_OTHERWISE))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 import subprocess
 import sys
@@ -122,3 +123,14 @@ def test_a_cycle_counts_what_it_started_and_beats_the_heartbeat(
     assert _sample("hubdommed_scheduler_runs_total", outcome="started") == started + 1
     assert _sample("hubdommed_daemon_heartbeat_timestamp_seconds", daemon="scheduler") > 0
     assert (tmp_path / "scheduler.alive").exists()
+
+
+def test_once_started_the_scheduler_keeps_what_it_loaded_out_of_the_collector_s_sight(settings):
+    settings.METRICS_PORT = 0
+    gc.unfreeze()
+    try:
+        Command().starting()
+
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

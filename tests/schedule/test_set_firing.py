@@ -12,10 +12,10 @@ from django.test.utils import CaptureQueriesContext
 
 from job.models import Job
 from outbox.models import Event, OutboxMessage, TaskRun
-from schedule.firing import schedules_fire_due
+from schedule.firing import schedules_fire_due, schedules_fire_planned, schedules_plan_due
 from schedule.models import Schedule, ScheduleRun
 from tests.factories import AutomationFactory, TenantFactory
-from tests.schedule.support import jobs_of, new_schedule, utc
+from tests.schedule.support import jobs_of, new_schedule, other_connection, utc
 
 pytestmark = pytest.mark.django_db
 
@@ -130,3 +130,63 @@ def test_four_firings_racing_over_many_due_schedules_start_each_due_time_once():
     )
     assert set(schedule for schedule, _ in runs) == {s.pk for s in schedules}
     assert max(runs.values()) == 1 and ScheduleRun.objects.count() == 120
+
+
+def test_a_set_the_outbox_refuses_is_undone_and_fires_again_one_by_one():
+    first, second = _due_at_six(2, tenants=2, automations=1)
+    # The database refuses the outbox rows of the first schedule's tenant (a trigger of this
+    # test's own): the set's one statement for events, runs and outbox rows fails.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE FUNCTION refuse_test_messages() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.tenant_id = %s THEN RAISE EXCEPTION 'messages refused by the test'; END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER refuse_test_messages BEFORE INSERT ON outbox_messages
+                FOR EACH ROW EXECUTE FUNCTION refuse_test_messages();
+            """,
+            [first.tenant_id],
+        )
+
+    with CaptureQueriesContext(connection) as queries:
+        firing = schedules_fire_due(now=utc(2026, 6, 1, 6, 0, 3))
+
+    assert any("ROLLBACK TO SAVEPOINT" in q["sql"] for q in queries.captured_queries)
+    assert firing.failed == [first.pk] and jobs_of(first) == []
+    (job,) = jobs_of(second)
+    assert firing.started == [job.pk]
+    # Nothing of the undone set is left: one job, its event and its outbox rows.
+    assert Job.objects.count() == 1 and ScheduleRun.objects.count() == 1
+    assert list(Event.objects.values_list("aggregate_id", flat=True)) == [str(job.pk)]
+    assert OutboxMessage.objects.filter(tenant_id=first.tenant_id).count() == 0
+    assert OutboxMessage.objects.filter(envelope__payload__job_id=job.pk).count() == 2
+    first.refresh_from_db()
+    assert first.status == "active" and first.next_run_at == utc(2026, 6, 2, 6)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_firing_plans_past_the_rows_another_firing_holds_and_says_more_may_be_due():
+    schedules = sorted(_due_at_six(6), key=lambda schedule: schedule.pk)
+    now = utc(2026, 6, 1, 6, 0, 3)
+    first, rest = [s.pk for s in schedules[:3]], {s.pk for s in schedules[3:]}
+    other = other_connection()
+    try:
+        # Another firing writing the first three (it holds their rows until it commits).
+        other.execute("SELECT id FROM schedules WHERE id = ANY(%s) FOR UPDATE", [first])
+
+        firing = schedules_fire_due(now=now, batch_size=3)
+
+        assert {job.triggered_by["schedule"] for job in Job.objects.all()} == rest
+        assert firing.more and firing.held == []
+        # Planned before the other firing took them, held when it came to lock them: the
+        # batch is the other's, and this firing says more may be due beyond it.
+        other.rollback()
+        plans = schedules_plan_due(now=now, batch_size=3)
+        other.execute("SELECT id FROM schedules WHERE id = ANY(%s) FOR UPDATE", [first])
+        late = schedules_fire_planned(plans, now=now)
+        assert late.started == [] and sorted(late.held) == first
+    finally:
+        other.close()
+    assert Job.objects.count() == 3

@@ -15,6 +15,7 @@ SIGTERM or SIGINT end the loop within a second and the process exits 0.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from datetime import datetime
@@ -171,6 +172,11 @@ class Command(Daemon):
             self.interval,
         )
         serve_metrics("scheduler")
+        # What the process loaded to start (Django, the apps, their modules) lives as long as
+        # it does: out of the collector's sight, a burst's batches, which make and drop many
+        # objects each, no longer pay for scanning it again and again (about a sixth of a
+        # batch's CPU time).
+        gc.freeze()
 
     def finished(self) -> None:
         if self._redis is not None:
