@@ -43,6 +43,7 @@ from typing import Any
 
 from django.db import close_old_connections, connection
 
+from broker import topology
 from broker.base import TransportUnavailable
 from broker.consume import (
     BadMessage,
@@ -174,6 +175,20 @@ class TaskProcessor:
             except BadMessage as exc:
                 prepared.error = exc
                 continue
+            if prepared.delivery.broker_receive_count >= topology.MAX_RECEIVES:
+                # Returned to its queue so often (windows given back at shutdown, workers
+                # that died with it) that the broker dead-letters it at its next return,
+                # whatever returns it: held here, a crash would leave its run with no
+                # message at all. A fresh copy takes its place instead.
+                logger.info(
+                    "message of run %s on its last delivery; replaced by a fresh copy",
+                    prepared.delivery.run_id,
+                )
+                prepared.renewed = True
+                self._settle(
+                    prepared.delivery, Outcome.RENEWED, self.come_back.afresh, prepared.envelope
+                )
+                continue
             prepared.lease = Lease(
                 run_id=str(uuid.UUID(str(prepared.envelope["run_id"]))),
                 holder=new_holder(),
@@ -223,7 +238,7 @@ class TaskProcessor:
             return
         if prepared.error is not None:
             raise prepared.error
-        if prepared.given_back:
+        if prepared.given_back or prepared.renewed:
             return
         envelope, lease, started = prepared.envelope, prepared.lease, prepared.started
         assert envelope is not None and lease is not None and started is not None

@@ -62,6 +62,8 @@ class Prepared:
     error: BaseException | None = None
     # Given back by a shutdown while it was being claimed: not to be run.
     given_back: bool = False
+    # Replaced by a fresh copy, unclaimed (on its last delivery before the redrive).
+    renewed: bool = False
 
 
 @dataclass(eq=False)
