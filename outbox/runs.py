@@ -20,6 +20,7 @@ its lease expired, never overwrites what happened to the run since.
 from __future__ import annotations
 
 import enum
+import itertools
 import os
 import socket
 import uuid
@@ -110,6 +111,8 @@ class Started:
     status: str
     # BUSY: seconds until the holder's lease ends, unless its heartbeat extends it.
     lease_remaining: float = 0.0
+    # BUSY: who holds it ("" when not known).
+    held_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -131,11 +134,29 @@ def _held(leases: Sequence[Lease]) -> dict[str, list]:
 
 
 def new_holder() -> str:
-    """Who holds a run: this process, and which of its claims (one per delivery)."""
-    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    """Who holds a run: this process (its host, pid and a token of its own, so that a
+    process with a recycled pid is another holder), and which of its claims (one per
+    delivery, counted)."""
+    return f"{_process_prefix()}{next(_claims):x}"
+
+
+def held_here(holder: str) -> bool:
+    """Whether ``holder`` is a claim of this very process."""
+    return holder.startswith(_process_prefix())
+
+
+def _process_prefix() -> str:
+    global _prefix, _prefix_pid
+    pid = os.getpid()
+    if pid != _prefix_pid:
+        # First call, or a forked child: a prefix of its own.
+        _prefix, _prefix_pid = f"{_HOST}:{pid}:{uuid.uuid4().hex[:8]}.", pid
+    return _prefix
 
 
 _HOST = socket.gethostname()
+_prefix, _prefix_pid = "", 0
+_claims = itertools.count(1)
 
 
 class RunLedger:
@@ -155,7 +176,11 @@ class RunLedger:
             run_id = uuid.UUID(str(envelope["run_id"]))
             if run_id in wanted:
                 results[holder] = Started(
-                    Begin.BUSY, 0, TaskRun.Status.RUNNING, lease_remaining=float(seconds)
+                    Begin.BUSY,
+                    0,
+                    TaskRun.Status.RUNNING,
+                    lease_remaining=float(seconds),
+                    held_by=wanted[run_id][1],
                 )
             else:
                 wanted[run_id] = (envelope, holder, float(seconds))
@@ -196,7 +221,11 @@ class RunLedger:
                         del wanted[run_id]
                     elif status == TaskRun.Status.RUNNING and (remaining or 0) > 0:
                         results[holder] = Started(
-                            Begin.BUSY, receive_count, status, lease_remaining=remaining
+                            Begin.BUSY,
+                            receive_count,
+                            status,
+                            lease_remaining=remaining,
+                            held_by=held_by or "",
                         )
                         del wanted[run_id]
                     # Else released or retried between the two statements: claim again.
@@ -204,16 +233,18 @@ class RunLedger:
             results[holder] = Started(Begin.BUSY, 0, TaskRun.Status.RUNNING, lease_remaining=1.0)
         return results
 
-    def extend(self, leases: Sequence[Lease]) -> set[str]:
-        """Heartbeat: push the leases this process holds forward; returns the holders
-        whose lease it extended (one lost to another worker after it expired, or of a
-        run that finished meanwhile, is left alone)."""
+    def extend(self, leases: Sequence[Lease], seconds: Sequence[float] | None = None) -> set[str]:
+        """Heartbeat: push the leases this process holds forward, each by its ``seconds``
+        (or the lease's own); returns the holders whose lease it extended (one lost to
+        another worker after it expired, or of a run that finished meanwhile, is left
+        alone)."""
         if not leases:
             return set()
+        if seconds is None:
+            seconds = [lease.seconds for lease in leases]
         with connection.cursor() as cursor:
             cursor.execute(
-                _EXTEND,
-                {**_held(leases), "seconds": [float(lease.seconds) for lease in leases]},
+                _EXTEND, {**_held(leases), "seconds": [float(value) for value in seconds]}
             )
             return {holder for (holder,) in cursor.fetchall()}
 

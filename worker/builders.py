@@ -94,6 +94,8 @@ def build_task_worker(
         on_step=Heartbeat("worker", settings.LIVENESS_FILE).beat,
     )
     processor.on_abandon = loop.replace_slot
+    # The window hands each delivery whose run it claimed to the loop's slots.
+    processor.window.hand_over = loop.hand_over
     return TaskWorker(consumer, processor, loop)
 
 

@@ -66,6 +66,8 @@ def prefetch_shares(prefetch: int, consumers: int) -> list[int]:
 class RabbitMQConsumer(Consumer):
     name = "rabbitmq"
     can_delay = False
+    # The broker requeues a closed connection's unacked messages at once.
+    returns_unsettled_at_once = True
 
     def __init__(self, url: str | None = None) -> None:
         self._url = url
