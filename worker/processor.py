@@ -77,6 +77,22 @@ LEASE_MARGIN_SECONDS = 1.0
 CLAIM_AGAIN_MARGIN_SECONDS = 0.25
 
 
+# A message delivered this many times (of the broker's ``MAX_RECEIVES`` before its redrive)
+# is replaced by a fresh copy from its outbox row, not held. Two deliveries short of the
+# last: a message can be returned where the worker never sees it (in flight when its
+# worker died, or when it stopped consuming), so the last one is too late to act on.
+RENEW_FROM_DELIVERY = topology.MAX_RECEIVES - 2
+# A run claimed more often than this many times its task's receives (or the broker's
+# limit, if more) has had its workers die on it, or give it back, every time: it is not
+# run again but dead-lettered (``ReceivedTooOften``).
+RECEIVED_TOO_OFTEN_FACTOR = 3
+
+
+class ReceivedTooOften(Exception):
+    """The run was claimed far more often than its task may be received, never to a
+    finish: its workers died on it (or gave it back) every time."""
+
+
 class TimeLimitExceeded(Exception):
     """The handler ran longer than its task's time limit: abandoned, retried."""
 
@@ -190,14 +206,15 @@ class TaskProcessor:
                 prepared.error = exc
                 ready.append(prepared)
                 continue
-            if delivery.broker_receive_count >= topology.MAX_RECEIVES:
+            if delivery.broker_receive_count >= RENEW_FROM_DELIVERY:
                 # Returned to its queue so often (windows given back at shutdown, workers
-                # that died with it) that the broker dead-letters it at its next return,
-                # whatever returns it: held here, a crash would leave its run with no
-                # message at all. A fresh copy takes its place instead.
+                # that died with it, lost connections) that a few more returns, whatever
+                # causes them, and the broker dead-letters it: held here, a crash would
+                # leave its run with no message at all. A fresh copy takes its place.
                 logger.info(
-                    "message of run %s on its last delivery; replaced by a fresh copy",
+                    "message of run %s near its last delivery (%d); replaced by a fresh copy",
                     delivery.run_id,
+                    delivery.broker_receive_count,
                 )
                 self._settle(delivery, Outcome.RENEWED, self.come_back.afresh, prepared.envelope)
                 continue
@@ -229,6 +246,11 @@ class TaskProcessor:
             assert lease is not None
             prepared.started = decision = started[lease.holder]
             if decision.decision is Begin.RUN:
+                if (
+                    decision.receive_count > RECEIVED_TOO_OFTEN_FACTOR * topology.MAX_RECEIVES
+                    and self._received_too_often(prepared, decision.receive_count)
+                ):
+                    continue
                 held.append(prepared)
             elif decision.decision is Begin.SKIP:
                 # Delivered again after it finished: consumers are idempotent by run_id.
@@ -263,6 +285,28 @@ class TaskProcessor:
             delay,
         )
         self._settle(prepared.delivery, Outcome.BUSY, self.come_back.busy, prepared.envelope, delay)
+
+    def _received_too_often(self, prepared: Prepared, receive_count: int) -> bool:
+        """A run claimed far more often than its task allows: dead-lettered, not run
+        (True). The broker's redrive cannot end it: each copy that finds it held by a
+        dead worker comes back afresh."""
+        envelope = prepared.envelope
+        assert envelope is not None
+        try:
+            max_receives = get_catalog().task(envelope["task"]).retry.max_receives
+        except Exception:  # an unknown task: its own failure follows when it runs
+            max_receives = 0
+        limit = RECEIVED_TOO_OFTEN_FACTOR * max(topology.MAX_RECEIVES, max_receives)
+        if receive_count <= limit:
+            return False
+        exc = ReceivedTooOften(
+            f"run {envelope['run_id']} was received {receive_count} times (more than "
+            f"{limit}) without finishing: its workers died on it, or gave it back, each time"
+        )
+        logger.error("task %s %s; dead-lettered", envelope["task"], exc)
+        failure = FailureContext.from_exception(exc, receive_count=receive_count, tb="")
+        self._settle(prepared.delivery, Outcome.FAILED, self._park, envelope, failure)
+        return True
 
     def _hold_many(self, batch: list[Prepared], *, confirmed_at: float) -> list[Prepared]:
         """Keep the leases of these runs just claimed; returns those to run (a delivery a

@@ -4,8 +4,9 @@ Every return counts towards the queue's delivery limit, whatever caused it: a wo
 that gave its window back at shutdown, one that crashed with it, a lost connection. The
 broker dead-letters a message returned once more on its last delivery, without a word to
 anyone: had a worker claimed its run, the run would be left ``running`` with no message
-left to move it. So a message on its last delivery is not held: it is replaced by a fresh
-copy, through its outbox row, and acked.
+left to move it. So a message near its last delivery is not held: it is replaced by a
+fresh copy, through its outbox row, and acked. And a run whose workers died on it again
+and again is not run for ever: past three times the receives it may have, it is failed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from tests.worker.conftest import (
     worker_command,
     worker_environment,
 )
+from worker.processor import RECEIVED_TOO_OFTEN_FACTOR, RENEW_FROM_DELIVERY
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -101,14 +103,14 @@ def test_a_message_on_its_last_delivery_held_by_a_worker_that_dies_still_has_its
     assert dead_letters() == []
 
 
-def _return_until_last_delivery(run_id: str) -> None:
-    """Receive the run's message and give it back until its next delivery is its last
-    before the broker's redrive (as windows given back, or workers that died, would)."""
+def _return(run_id: str, times: int) -> None:
+    """Receive the run's message and give it back, ``times`` times (as windows given back,
+    or workers that died, would)."""
     if settings.BROKER == "rabbitmq":
         connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
         try:
             channel = connection.channel()
-            for _ in range(topology.MAX_RECEIVES - 1):
+            for _ in range(times):
                 _returned(channel, run_id)
         finally:
             connection.close()
@@ -116,7 +118,7 @@ def _return_until_last_delivery(run_id: str) -> None:
     client = sqs_client()
     try:
         url = client.get_queue_url(QueueName=topology.queue_name("default"))["QueueUrl"]
-        for _ in range(topology.MAX_RECEIVES - 1):
+        for _ in range(times):
             (message,) = wait_for(
                 lambda: client.receive_message(QueueUrl=url, WaitTimeSeconds=1).get("Messages"),
                 what="the message",
@@ -129,20 +131,61 @@ def _return_until_last_delivery(run_id: str) -> None:
         client.close()
 
 
-def test_a_message_on_its_last_delivery_is_replaced_by_a_fresh_copy_and_runs_once(
-    broker, relay, start_worker
+@pytest.mark.parametrize(
+    "returns",
+    [RENEW_FROM_DELIVERY - 1, topology.MAX_RECEIVES - 1],
+    ids=["the-first-replaced", "the-last"],
+)
+def test_a_message_near_its_last_delivery_is_replaced_by_a_fresh_copy_and_runs_once(
+    broker, relay, start_worker, returns
 ):
     run_id = dispatch_work()
     wait_for(lambda: _sent(run_id), what="the message to be sent")
-    _return_until_last_delivery(run_id)
+    _return(run_id, returns)
 
     worker = start_worker(concurrency=1)
     wait_for(lambda: run_finished(run_id), what="the run to be done")
+    wait_for(lambda: worker.processor.outcomes["succeeded"], what="its message acked")
 
-    # Not run from the message on its last delivery: from the copy that replaced it.
+    # Not run from the message near its last delivery: from the copy that replaced it.
     assert worker.processor.outcomes == {"renewed": 1, "succeeded": 1}
     run = run_of(run_id)
     assert run.status == TaskRun.Status.SUCCEEDED
     assert run.receive_count == 1
     assert len(executions(run_id)) == 1
     assert dead_letters() == []
+
+
+def test_a_message_returned_fewer_times_is_run_as_it_is(broker, relay, start_worker):
+    run_id = dispatch_work()
+    wait_for(lambda: _sent(run_id), what="the message to be sent")
+    _return(run_id, RENEW_FROM_DELIVERY - 2)
+
+    worker = start_worker(concurrency=1)
+    wait_for(lambda: run_finished(run_id), what="the run to be done")
+    wait_for(lambda: worker.processor.outcomes["succeeded"], what="its message acked")
+
+    assert worker.processor.outcomes == {"succeeded": 1}
+
+
+def test_a_run_received_far_more_often_than_its_task_allows_is_dead_lettered_not_run(
+    broker, relay, start_worker
+):
+    run_id = dispatch_work()
+    # Claimed again and again by workers that died on it (three times the broker's limit).
+    TaskRun.objects.filter(run_id=run_id).update(
+        receive_count=RECEIVED_TOO_OFTEN_FACTOR * topology.MAX_RECEIVES
+    )
+
+    worker = start_worker(concurrency=1)
+    wait_for(lambda: run_finished(run_id), what="the run to be ended")
+    wait_for(lambda: worker.processor.outcomes["failed"], what="its message dead-lettered")
+
+    assert worker.processor.outcomes == {"failed": 1}
+    run = run_of(run_id)
+    assert run.status == TaskRun.Status.FAILED
+    assert "ReceivedTooOften" in run.last_error
+    assert executions(run_id) == []
+    (parked,) = dead_letters()
+    assert parked.run_id == run_id
+    assert parked.error["x-error-type"] == "worker.processor.ReceivedTooOften"
