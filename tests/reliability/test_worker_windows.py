@@ -272,7 +272,7 @@ def test_a_window_given_back_more_often_than_the_delivery_limit_loses_no_run(
             ),
         )
         dead = dead_lettered(stack)
-        renewed = stack.log_tail("worker", chars=10**7).count("on its last delivery")
+        renewed = stack.log_tail("worker", chars=10**7).count("near its last delivery")
     finally:
         stack.close()
 
@@ -298,6 +298,8 @@ def test_a_window_given_back_more_often_than_the_delivery_limit_loses_no_run(
         )
     )
     assert not lost and dead == 0
+    # The scenario did what it is for: messages came back near their last delivery.
+    assert renewed > 0
     # Only what was running at a stop ran again (one slot per stop).
     assert executions - RETURNED_RUNS <= kills + terms
     assert reapplied <= kills
