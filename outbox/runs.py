@@ -24,10 +24,12 @@ import itertools
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django.db import connection, transaction
 
 from broker.consume import FailureContext
@@ -159,6 +161,30 @@ _prefix, _prefix_pid = "", 0
 _claims = itertools.count(1)
 
 
+@contextmanager
+def _prepared_cursor() -> Iterator[psycopg.Cursor]:
+    """A cursor for the worker's hot statements (the claim, the beat, the group commit):
+    parameters bound by the server and each statement prepared once per connection, not
+    quoted into a new text and planned again at each window (Django's cursors bind on the
+    client). Autocommit as Django left it; errors are Django's, as from its own cursors."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        yield _Prepared(cursor)
+
+
+class _Prepared:
+    """``execute`` prepared (``prepare=True``), the rest as the cursor does it."""
+
+    def __init__(self, cursor: psycopg.Cursor) -> None:
+        self._cursor = cursor
+
+    def execute(self, sql: str, params: Any = None) -> None:
+        self._cursor.execute(sql, params, prepare=True)
+
+    def fetchall(self) -> list[tuple]:
+        return self._cursor.fetchall()
+
+
 class RunLedger:
     """``task_runs`` transitions made by the worker."""
 
@@ -184,7 +210,7 @@ class RunLedger:
                 )
             else:
                 wanted[run_id] = (envelope, holder, float(seconds))
-        with connection.cursor() as cursor:
+        with _prepared_cursor() as cursor:
             for _ in range(CLAIM_ATTEMPTS):
                 if not wanted:
                     break
@@ -242,7 +268,7 @@ class RunLedger:
             return set()
         if seconds is None:
             seconds = [lease.seconds for lease in leases]
-        with connection.cursor() as cursor:
+        with _prepared_cursor() as cursor:
             cursor.execute(
                 _EXTEND, {**_held(leases), "seconds": [float(value) for value in seconds]}
             )
@@ -254,7 +280,7 @@ class RunLedger:
         over or settled otherwise meanwhile: this success is not theirs to record)."""
         if not leases:
             return set()
-        with connection.cursor() as cursor:
+        with _prepared_cursor() as cursor:
             cursor.execute(_SUCCEEDED_MANY, _held(leases))
             return {str(run_id) for (run_id,) in cursor.fetchall()}
 

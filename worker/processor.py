@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import close_old_connections, connection
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
 
 from broker import topology
 from broker.base import TransportUnavailable
@@ -153,9 +153,12 @@ class TaskProcessor:
 
     def process(self, delivery: Delivery) -> None:
         # A connection the database dropped while this thread was idle (a restart, a
-        # terminated backend) is replaced before the claim, not found dead by it (with
-        # CONN_HEALTH_CHECKS the first query after this checks it).
-        close_old_connections()
+        # terminated backend) is replaced before it is used, not found dead by it (with
+        # CONN_HEALTH_CHECKS the first query after this checks it). A slot whose handlers
+        # never touched the database has none to check.
+        db = _thread_database()
+        if db.connection is not None:
+            close_old_connections()
         try:
             self._process(delivery)
         except Exception as exc:
@@ -166,7 +169,8 @@ class TaskProcessor:
             self._settle(delivery, Outcome.INFRASTRUCTURE, self.come_back.infrastructure)
         finally:
             # Each worker thread keeps its own connection; drop it if it went bad or old.
-            close_old_connections()
+            if db.connection is not None:
+                close_old_connections()
 
     def thread_done(self) -> None:
         connection.close()
@@ -192,6 +196,8 @@ class TaskProcessor:
         settles (unreadable); the others are settled here, or put aside (``_busy``)."""
         ready: list[Prepared] = []
         wanted: list[Prepared] = []
+        # Each destination's lease and heartbeat (settings read once per window).
+        timings: dict[str, tuple[float, float]] = {}
         for prepared in batch:
             prepared.started = None
             if prepared.lease is not None:
@@ -219,11 +225,17 @@ class TaskProcessor:
                 self._settle(delivery, Outcome.RENEWED, self.come_back.afresh, prepared.envelope)
                 continue
             destination = delivery.destination
+            timing = timings.get(destination)
+            if timing is None:
+                timing = timings[destination] = (
+                    visibility_timeout(destination),
+                    heartbeat_interval(destination),
+                )
             prepared.lease = Lease(
                 run_id=str(prepared.envelope["run_id"]),
                 holder=new_holder(),
-                seconds=visibility_timeout(destination),
-                interval=heartbeat_interval(destination),
+                seconds=timing[0],
+                interval=timing[1],
             )
             wanted.append(prepared)
         if not wanted:
@@ -647,6 +659,18 @@ class TaskProcessor:
         if envelope is not None:
             self.ledger.failed(envelope, failure=failure)
         self.consumer.ack(delivery)
+
+
+_slot = threading.local()
+
+
+def _thread_database():
+    """This thread's database connection (Django's, for the default database), looked up
+    once per thread: a slot asks for it twice per message."""
+    db = getattr(_slot, "db", None)
+    if db is None:
+        db = _slot.db = connections[DEFAULT_DB_ALIAS]
+    return db
 
 
 def _checked_envelope(delivery: Delivery) -> dict[str, Any]:

@@ -161,7 +161,8 @@ class RunWindow:
         with self._lock:
             self._to_settle.append(_Outcome(delivery, lease, outcome))
             self._ensure_threads()
-        self._outcomes_waiting.set()
+        if not self._outcomes_waiting.is_set():
+            self._outcomes_waiting.set()
 
     def unsettled(self) -> int:
         with self._lock:
