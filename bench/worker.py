@@ -26,6 +26,12 @@ broker with the same number of messages:
 The clock runs from the first message taken (raw: received; ours and Celery: the first
 handler call) to the last settled (raw: acked; ours: committed and acked; Celery: its last
 task returned, its ack follows), so no consumer's start-up counts.
+
+Beside each rate of the contenders that run in this process (raw, raw-deep, ours), the
+CPU time this process spent per message (``cpu/msg``, user and system, from the first
+message to the last; ours from the worker's start to its stop, so a little more): a
+figure other processes on the machine disturb far less than a rate, to compare while the
+machine is busy. The worker runs with ``DEBUG`` off, as in production.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import subprocess
@@ -99,23 +106,30 @@ def feed(count: int) -> list[str]:
     return run_ids
 
 
-def raw_rabbitmq(count: int, prefetch: int) -> float:
-    """Messages per second of a bare pika consumer acking each message."""
+def cpu_seconds() -> float:
+    """CPU time of this process so far, user and system."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def raw_rabbitmq(count: int, prefetch: int) -> tuple[float, float]:
+    """Messages per second of a bare pika consumer acking each message, and its CPU
+    seconds per message."""
     conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
     channel = conn.channel()
     channel.basic_qos(prefetch_count=prefetch)
-    started = 0.0
+    started = cpu = 0.0
     consumed = channel.consume(topology.queue_name("default"))
     for seen, (method, _properties, _body) in enumerate(consumed, start=1):
         if seen == 1:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), cpu_seconds()
         channel.basic_ack(method.delivery_tag)
         if seen == count:
             break
-    elapsed = time.perf_counter() - started
+    elapsed, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     channel.cancel()
     conn.close()
-    return count / elapsed
+    return count / elapsed, cpu / count
 
 
 def raw_sqs(count: int) -> float:
@@ -142,12 +156,14 @@ def raw_sqs(count: int) -> float:
     return count / elapsed
 
 
-def through_worker(run_ids: list[str], concurrency: int) -> float:
+def through_worker(run_ids: list[str], concurrency: int) -> tuple[float, float]:
+    """Tasks per second through the worker, and this process's CPU seconds per task."""
     built = build_task_worker(
         ["default"], concurrency=concurrency, stop_budget=5, poll_interval=0.05
     )
     processor, worker = built.processor, built.loop
     _first_call.clear()
+    cpu = cpu_seconds()
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     # Watched in memory (a query per look would compete for the same two cores).
@@ -156,9 +172,10 @@ def through_worker(run_ids: list[str], concurrency: int) -> float:
     elapsed = time.perf_counter() - _first_call[0]
     worker.stop()
     thread.join(timeout=30)
+    cpu = cpu_seconds() - cpu
     done = TaskRun.objects.filter(run_id__in=run_ids, status=TaskRun.Status.SUCCEEDED).count()
     assert done == len(run_ids), f"only {done} of {len(run_ids)} runs succeeded"
-    return len(run_ids) / elapsed
+    return len(run_ids) / elapsed, cpu / len(run_ids)
 
 
 def celery_environment(count: int, clock: Path) -> dict[str, str]:
@@ -262,27 +279,38 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
     if celery and broker == "rabbitmq":
         contenders += ["celery-threads", "celery-prefork"]
     rates: dict[str, list[float]] = {name: [] for name in contenders}
+    cpus: dict[str, list[float]] = {name: [] for name in contenders}
     settings.BROKER = broker
     for round_number in range(1, rounds + 1):
         load = load_note()
         shift = (round_number - 1) % len(contenders)
         for name in contenders[shift:] + contenders[:shift]:
+            cpu = None
             if name == "raw":
                 feed(count)
-                rate = raw_rabbitmq(count, concurrency) if broker == "rabbitmq" else raw_sqs(count)
+                if broker == "rabbitmq":
+                    rate, cpu = raw_rabbitmq(count, concurrency)
+                else:
+                    rate = raw_sqs(count)
             elif name == "raw-deep":
                 feed(count)
-                rate = raw_rabbitmq(count, concurrency * PREFETCH_PER_SLOT)
+                rate, cpu = raw_rabbitmq(count, concurrency * PREFETCH_PER_SLOT)
             elif name == "ours":
-                rate = through_worker(feed(count), concurrency)
+                rate, cpu = through_worker(feed(count), concurrency)
             else:
                 rate = through_celery(count, concurrency, name.split("-")[1])
             cleanup(broker)
             rates[name].append(rate)
+            if cpu is not None:
+                cpus[name].append(cpu)
         print(
             f"{broker:8} round {round_number} ({load} at its start): messages={count} "
             f"concurrency={concurrency} "
-            + "  ".join(f"{name}={rates[name][-1]:7.0f}/s" for name in contenders),
+            + "  ".join(
+                f"{name}={rates[name][-1]:7.0f}/s"
+                + (f" ({cpus[name][-1] * 1e6:.0f} us cpu/msg)" if cpus[name] else "")
+                for name in contenders
+            ),
             flush=True,
         )
     ours = statistics.median(rates["ours"])
@@ -297,6 +325,12 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
         print(
             f"{broker:8} ours / {name}: {ours / statistics.median(rates[name]):.2f} "
             f"(per round {per_round[0]:.2f}-{per_round[-1]:.2f})"
+            + (
+                f"; cpu/msg {statistics.median(cpus['ours']) / statistics.median(cpus[name]):.2f}"
+                f"x its own"
+                if cpus[name] and cpus["ours"]
+                else ""
+            )
         )
 
 
@@ -362,6 +396,8 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump(catalog, handle)
     settings.TASKS_CATALOG = handle.name
+    # As in production: no DEBUG, which wraps every statement and keeps it in memory.
+    settings.DEBUG = False
     settings.RABBITMQ_EXCHANGE = EXCHANGE
     settings.QUEUE_PREFIX = PREFIX
     purge()

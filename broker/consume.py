@@ -173,6 +173,9 @@ class Consumer(ABC):
     name: str
     # Whether ``retry_later`` honours its delay (else the message comes back at once).
     can_delay: bool = False
+    # Whether the messages a consumer held unsettled are delivered to others the moment it
+    # dies (RabbitMQ: with its connection), rather than when their visibility ends (SQS).
+    returns_unsettled_at_once: bool = False
 
     @abstractmethod
     def start(self, destinations: Sequence[str], prefetch: int) -> None:

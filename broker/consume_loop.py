@@ -9,9 +9,12 @@ the tasks take. What a delivery means is the ``Processor``'s business: the task 
 The broker may hand over more messages than there are slots (``prefetch``), so that a
 slot that finishes finds its next message waiting instead of waiting for a round trip.
 A delivery stays in flight until it is settled, not only until its slot let go of it: a
-processor may settle it later, together with others. A slot stuck in a handler past its
-time limit can be replaced (``replace_slot``): the stuck thread ends when its handler
-returns, and a new one takes its place meanwhile.
+processor may settle it later, together with others. A processor that prepares what it
+receives in groups (``on_received``: the task runtime claims their runs together) hands
+each delivery to the slots itself once it is ready to run (``hand_over``), and settles
+the others without a slot; a slot never waits for that preparation. A slot stuck in a
+handler past its time limit can be replaced (``replace_slot``): the stuck thread ends
+when its handler returns, and a new one takes its place meanwhile.
 
 Stopping (``stop()``, which a signal handler may call): fetch nothing more, remove the
 readiness file, wait for the tasks in flight, then give back what did not finish (the
@@ -47,6 +50,9 @@ RECONNECT_MAX = 5.0
 # Of the stop budget, what is kept for giving back unfinished work and closing.
 STOP_RESERVE_SHARE = 0.1
 STOP_RESERVE_MAX = 1.0
+# How often deliveries settled apart from their slot are swept out of the count of what
+# is in flight (every turn while stopping).
+SWEEP_INTERVAL = 0.05
 
 
 class Processor(Protocol):
@@ -99,8 +105,8 @@ class ConsumeLoop:
         self.concurrency = concurrency
         # Unsettled messages the broker may hand over at once (default: one per slot).
         self.prefetch = max(concurrency, prefetch or concurrency)
-        # Told of each group of deliveries as they arrive, before any slot takes one
-        # (on this loop's thread: it must not block).
+        # Told of each group of deliveries as they arrive (on this loop's thread: it must
+        # not block); it hands them to the slots itself (``hand_over``).
         self._on_received = on_received
         # Called once per turn of the loop (a liveness heartbeat).
         self._on_step = on_step
@@ -115,8 +121,12 @@ class ConsumeLoop:
         # When the stop must be over (monotonic), set by the first ``stop()``.
         self._stop_deadline: float | None = None
         self._ready = threading.Event()
-        self._work: queue.Queue[Delivery] = queue.Queue()
+        self._work: queue.SimpleQueue[Delivery] = queue.SimpleQueue()
         self._in_flight: dict[int, _InFlight] = {}
+        # Whether any delivery in flight needs the consumer's heartbeat (SQS's visibility),
+        # and when settled deliveries were last swept out of ``_in_flight``.
+        self._beating = False
+        self._swept_at = 0.0
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         # Slots replaced while stuck in a handler: they end when the handler returns.
@@ -231,10 +241,12 @@ class ConsumeLoop:
                 self._set_ready(True)
             return False
         accepted = [delivery for delivery in deliveries if self._accept(delivery)]
-        if accepted and self._on_received is not None:
-            self._on_received(accepted)
-        for delivery in accepted:
-            self._work.put(delivery)
+        if self._on_received is not None:
+            if accepted:
+                self._on_received(accepted)
+        else:
+            for delivery in accepted:
+                self._work.put(delivery)
         self._heartbeat()
         if self._on_step is not None:
             self._on_step()
@@ -253,12 +265,18 @@ class ConsumeLoop:
                 self.stop_flag.wait(delay)
         return False
 
+    def hand_over(self, delivery: Delivery) -> None:
+        """A delivery the ``on_received`` processor prepared, for the next free slot."""
+        self._work.put(delivery)
+
     def _accept(self, delivery: Delivery) -> bool:
         self.stats.received += 1
         if self.stopping:
             self._give_back(delivery, started=False)
             return False
         interval = self.consumer.heartbeat_interval(delivery)
+        if interval is not None:
+            self._beating = True
         with self._lock:
             self._in_flight[id(delivery)] = _InFlight(
                 delivery, next_beat=None if interval is None else time.monotonic() + interval
@@ -267,14 +285,20 @@ class ConsumeLoop:
 
     def _heartbeat(self) -> None:
         now = time.monotonic()
+        if not self._beating and now - self._swept_at < SWEEP_INTERVAL and not self.stopping:
+            return
+        self._swept_at = now
         with self._lock:
-            # Settled after their slot let go of them (together with others).
+            # Settled after their slot let go of them (together with others), or settled
+            # without a slot (by the processor that prepares them).
             for key in [
                 key
                 for key, entry in self._in_flight.items()
-                if entry.processed and entry.delivery.settled
+                if entry.delivery.settled and (entry.processed or not entry.started)
             ]:
                 del self._in_flight[key]
+            if not self._beating:
+                return
             due = [
                 entry
                 for entry in self._in_flight.values()

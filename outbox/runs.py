@@ -20,13 +20,16 @@ its lease expired, never overwrites what happened to the run since.
 from __future__ import annotations
 
 import enum
+import itertools
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from django.db import connection, transaction
 
 from broker.consume import FailureContext
@@ -110,6 +113,8 @@ class Started:
     status: str
     # BUSY: seconds until the holder's lease ends, unless its heartbeat extends it.
     lease_remaining: float = 0.0
+    # BUSY: who holds it ("" when not known).
+    held_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -131,11 +136,53 @@ def _held(leases: Sequence[Lease]) -> dict[str, list]:
 
 
 def new_holder() -> str:
-    """Who holds a run: this process, and which of its claims (one per delivery)."""
-    return f"{_HOST}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    """Who holds a run: this process (its host, pid and a token of its own, so that a
+    process with a recycled pid is another holder), and which of its claims (one per
+    delivery, counted)."""
+    return f"{_process_prefix()}{next(_claims):x}"
+
+
+def held_here(holder: str) -> bool:
+    """Whether ``holder`` is a claim of this very process."""
+    return holder.startswith(_process_prefix())
+
+
+def _process_prefix() -> str:
+    global _prefix, _prefix_pid
+    pid = os.getpid()
+    if pid != _prefix_pid:
+        # First call, or a forked child: a prefix of its own.
+        _prefix, _prefix_pid = f"{_HOST}:{pid}:{uuid.uuid4().hex[:8]}.", pid
+    return _prefix
 
 
 _HOST = socket.gethostname()
+_prefix, _prefix_pid = "", 0
+_claims = itertools.count(1)
+
+
+@contextmanager
+def _prepared_cursor() -> Iterator[psycopg.Cursor]:
+    """A cursor for the worker's hot statements (the claim, the beat, the group commit):
+    parameters bound by the server and each statement prepared once per connection, not
+    quoted into a new text and planned again at each window (Django's cursors bind on the
+    client). Autocommit as Django left it; errors are Django's, as from its own cursors."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        yield _Prepared(cursor)
+
+
+class _Prepared:
+    """``execute`` prepared (``prepare=True``), the rest as the cursor does it."""
+
+    def __init__(self, cursor: psycopg.Cursor) -> None:
+        self._cursor = cursor
+
+    def execute(self, sql: str, params: Any = None) -> None:
+        self._cursor.execute(sql, params, prepare=True)
+
+    def fetchall(self) -> list[tuple]:
+        return self._cursor.fetchall()
 
 
 class RunLedger:
@@ -155,11 +202,15 @@ class RunLedger:
             run_id = uuid.UUID(str(envelope["run_id"]))
             if run_id in wanted:
                 results[holder] = Started(
-                    Begin.BUSY, 0, TaskRun.Status.RUNNING, lease_remaining=float(seconds)
+                    Begin.BUSY,
+                    0,
+                    TaskRun.Status.RUNNING,
+                    lease_remaining=float(seconds),
+                    held_by=wanted[run_id][1],
                 )
             else:
                 wanted[run_id] = (envelope, holder, float(seconds))
-        with connection.cursor() as cursor:
+        with _prepared_cursor() as cursor:
             for _ in range(CLAIM_ATTEMPTS):
                 if not wanted:
                     break
@@ -196,7 +247,11 @@ class RunLedger:
                         del wanted[run_id]
                     elif status == TaskRun.Status.RUNNING and (remaining or 0) > 0:
                         results[holder] = Started(
-                            Begin.BUSY, receive_count, status, lease_remaining=remaining
+                            Begin.BUSY,
+                            receive_count,
+                            status,
+                            lease_remaining=remaining,
+                            held_by=held_by or "",
                         )
                         del wanted[run_id]
                     # Else released or retried between the two statements: claim again.
@@ -204,16 +259,18 @@ class RunLedger:
             results[holder] = Started(Begin.BUSY, 0, TaskRun.Status.RUNNING, lease_remaining=1.0)
         return results
 
-    def extend(self, leases: Sequence[Lease]) -> set[str]:
-        """Heartbeat: push the leases this process holds forward; returns the holders
-        whose lease it extended (one lost to another worker after it expired, or of a
-        run that finished meanwhile, is left alone)."""
+    def extend(self, leases: Sequence[Lease], seconds: Sequence[float] | None = None) -> set[str]:
+        """Heartbeat: push the leases this process holds forward, each by its ``seconds``
+        (or the lease's own); returns the holders whose lease it extended (one lost to
+        another worker after it expired, or of a run that finished meanwhile, is left
+        alone)."""
         if not leases:
             return set()
-        with connection.cursor() as cursor:
+        if seconds is None:
+            seconds = [lease.seconds for lease in leases]
+        with _prepared_cursor() as cursor:
             cursor.execute(
-                _EXTEND,
-                {**_held(leases), "seconds": [float(lease.seconds) for lease in leases]},
+                _EXTEND, {**_held(leases), "seconds": [float(value) for value in seconds]}
             )
             return {holder for (holder,) in cursor.fetchall()}
 
@@ -223,7 +280,7 @@ class RunLedger:
         over or settled otherwise meanwhile: this success is not theirs to record)."""
         if not leases:
             return set()
-        with connection.cursor() as cursor:
+        with _prepared_cursor() as cursor:
             cursor.execute(_SUCCEEDED_MANY, _held(leases))
             return {str(run_id) for (run_id,) in cursor.fetchall()}
 

@@ -33,12 +33,14 @@ from worker.registry import discover_handlers, missing_handlers
 
 logger = logging.getLogger("hubdommed.worker")
 
-# Messages the broker may hand a task worker, per slot. More than one: a slot that
-# finishes finds its next message waiting, and the runs of a window are claimed (and its
-# outcomes committed) together, so the window's depth is what pays for the two durable
-# records' round trips (docs/PERFORMANCE.md: 8 per slot reached about two thirds of 16's
-# rate). The price: messages of long tasks wait in one worker (claimed) while another
-# could take them, and after a crash they wait out their lease like the running ones.
+# Messages the broker may hand a task worker, per slot, over all the queues it consumes
+# (the process's window: RabbitMQ's consumer shares it among its queues). More than one:
+# a slot that finishes finds its next message waiting, and the runs of a window are
+# claimed (and its outcomes committed) together, so the window's depth is what pays for
+# the two durable records' round trips (docs/PERFORMANCE.md: 8 per slot reached about two
+# thirds of 16's rate). The price: messages of long tasks wait in one worker (claimed)
+# while another could take them, and after a crash they wait out their lease like the
+# running ones.
 PREFETCH_PER_SLOT = 16
 
 
@@ -92,6 +94,8 @@ def build_task_worker(
         on_step=Heartbeat("worker", settings.LIVENESS_FILE).beat,
     )
     processor.on_abandon = loop.replace_slot
+    # The window hands each delivery whose run it claimed to the loop's slots.
+    processor.window.hand_over = loop.hand_over
     return TaskWorker(consumer, processor, loop)
 
 

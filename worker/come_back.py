@@ -9,6 +9,10 @@ transport, chosen once when the worker is built (``for_consumer``).
 Three things come back this way: a transient failure's retry, a copy of a run another
 worker holds (back when that lease would end), and a message whose bookkeeping failed
 (the database is away: back in a few seconds, not counted as a failure of the task).
+
+A fourth comes back the same way on both transports (``afresh``): a message on its last
+delivery before the broker's redrive, which the worker must not hold (see
+``worker.processor``), is replaced by a new message from its outbox row.
 """
 
 from __future__ import annotations
@@ -46,6 +50,12 @@ class BrokerDelay:
     def infrastructure(self, delivery: Delivery) -> None:
         """The bookkeeping failed: back for later."""
         self.consumer.retry_later(delivery, INFRASTRUCTURE_RETRY_SECONDS)
+
+    def afresh(self, delivery: Delivery, envelope: dict[str, Any]) -> None:
+        """Replaced by a fresh copy: its outbox row due now (or sooner if planned so), the
+        relay sends it again, a new message with no returns counted; then acked."""
+        rearm_outbox_row(envelope, delay=0, keep_earlier=True)
+        self.consumer.ack(delivery)
 
 
 class OutboxRearm(BrokerDelay):

@@ -31,6 +31,9 @@ class Outcome(StrEnum):
     DUPLICATE = "duplicate"
     # Another worker holds the run under a live lease: back when that lease would end.
     BUSY = "busy"
+    # On its last delivery before the broker's redrive: replaced by a fresh copy (its
+    # outbox row), not held.
+    RENEWED = "renewed"
     # Not a task message at all: dead-lettered as it is.
     UNREADABLE = "unreadable"
     # The bookkeeping before the handler failed: back for later, not counted as a failure.

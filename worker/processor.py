@@ -41,8 +41,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import close_old_connections, connection
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
 
+from broker import topology
 from broker.base import TransportUnavailable
 from broker.consume import (
     BadMessage,
@@ -57,12 +58,13 @@ from common.context import log_context
 from lifecycle.failures import log_failure
 from outbox.catalog import DEFAULT_TIME_LIMIT_SECONDS, RetryPolicy, get_catalog
 from outbox.handlers import TaskMessage, get_handler
-from outbox.runs import Begin, Lease, RunLedger, new_holder
+from outbox.runs import Begin, Lease, RunLedger, Started, held_here, new_holder
 from outbox.task_errors import UnknownTaskHandler
 from worker import metrics, retries
 from worker.come_back import ComeBack, for_consumer
-from worker.leases import LeaseKeeper
+from worker.leases import AHEAD_LEASE_SECONDS, LeaseKeeper, Start, ahead_seconds
 from worker.outcomes import Outcome, Settling
+from worker.window import MAX_SLEEP as WINDOW_MAX_SLEEP
 from worker.window import Prepared, RunWindow
 
 logger = logging.getLogger("hubdommed.worker")
@@ -70,6 +72,25 @@ logger = logging.getLogger("hubdommed.worker")
 # A copy given back because another worker holds its run comes back this long after the
 # holder's lease would end (SQS counts in whole seconds; the relay sweeps).
 LEASE_MARGIN_SECONDS = 1.0
+# A copy put aside because another process holds its run under a lease about to end is
+# claimed again this long after that lease would end.
+CLAIM_AGAIN_MARGIN_SECONDS = 0.25
+
+
+# A message delivered this many times (of the broker's ``MAX_RECEIVES`` before its redrive)
+# is replaced by a fresh copy from its outbox row, not held. Two deliveries short of the
+# last: a message can be returned where the worker never sees it (in flight when its
+# worker died, or when it stopped consuming), so the last one is too late to act on.
+RENEW_FROM_DELIVERY = topology.MAX_RECEIVES - 2
+# A run claimed more often than this many times its task's receives (or the broker's
+# limit, if more) has had its workers die on it, or give it back, every time: it is not
+# run again but dead-lettered (``ReceivedTooOften``).
+RECEIVED_TOO_OFTEN_FACTOR = 3
+
+
+class ReceivedTooOften(Exception):
+    """The run was claimed far more often than its task may be received, never to a
+    finish: its workers died on it (or gave it back) every time."""
 
 
 class TimeLimitExceeded(Exception):
@@ -111,6 +132,11 @@ class TaskProcessor:
         self.window = RunWindow(self)
         # Handlers in progress, for their time limits.
         self._running: dict[Delivery, _Running] = {}
+        # Metrics' children by family and label values (``_metric``).
+        self._metric_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        # Runs claimed ahead of their slot are held under a short lease where the broker
+        # gives a dead worker's messages back at once (``worker.leases``).
+        self.ahead = bool(getattr(consumer, "returns_unsettled_at_once", False))
         # Called with a slot's thread stuck in a handler past its time limit, once its
         # delivery is settled: the consume loop replaces the slot (``replace_slot``).
         self.on_abandon: Callable[[threading.Thread, Delivery], None] | None = None
@@ -127,9 +153,12 @@ class TaskProcessor:
 
     def process(self, delivery: Delivery) -> None:
         # A connection the database dropped while this thread was idle (a restart, a
-        # terminated backend) is replaced before the claim, not found dead by it (with
-        # CONN_HEALTH_CHECKS the first query after this checks it).
-        close_old_connections()
+        # terminated backend) is replaced before it is used, not found dead by it (with
+        # CONN_HEALTH_CHECKS the first query after this checks it). A slot whose handlers
+        # never touched the database has none to check.
+        db = _thread_database()
+        if db.connection is not None:
+            close_old_connections()
         try:
             self._process(delivery)
         except Exception as exc:
@@ -140,7 +169,8 @@ class TaskProcessor:
             self._settle(delivery, Outcome.INFRASTRUCTURE, self.come_back.infrastructure)
         finally:
             # Each worker thread keeps its own connection; drop it if it went bad or old.
-            close_old_connections()
+            if db.connection is not None:
+                close_old_connections()
 
     def thread_done(self) -> None:
         connection.close()
@@ -159,59 +189,168 @@ class TaskProcessor:
 
     # -- one message ---------------------------------------------------------------------
 
-    def claim_window(self, batch: list[Prepared]) -> None:
+    def claim_window(self, batch: list[Prepared]) -> list[Prepared]:
         """Claim the runs of a window of deliveries in one statement (the bookkeeping
-        thread calls it); the runs claimed are held (their leases extended) at once."""
+        thread calls it); the runs claimed are held (their leases extended) at once.
+        Returns what goes to a slot: the deliveries whose run is claimed, and those a slot
+        settles (unreadable); the others are settled here, or put aside (``_busy``)."""
+        ready: list[Prepared] = []
         wanted: list[Prepared] = []
+        # Each destination's lease and heartbeat (settings read once per window).
+        timings: dict[str, tuple[float, float]] = {}
         for prepared in batch:
+            prepared.started = None
             if prepared.lease is not None:
-                # Tried again after a dropped connection: the same holder, so that a claim
-                # the first attempt made is recognised as this one's.
+                # Tried again (after a dropped connection, or put aside): the same holder,
+                # so that a claim an earlier attempt made is recognised as this one's.
                 wanted.append(prepared)
                 continue
+            delivery = prepared.delivery
             try:
-                prepared.envelope = _checked_envelope(prepared.delivery)
+                prepared.envelope = _checked_envelope(delivery)
             except BadMessage as exc:
                 prepared.error = exc
+                ready.append(prepared)
                 continue
+            if delivery.broker_receive_count >= RENEW_FROM_DELIVERY:
+                # Returned to its queue so often (windows given back at shutdown, workers
+                # that died with it, lost connections) that a few more returns, whatever
+                # causes them, and the broker dead-letters it: held here, a crash would
+                # leave its run with no message at all. A fresh copy takes its place.
+                logger.info(
+                    "message of run %s near its last delivery (%d); replaced by a fresh copy",
+                    delivery.run_id,
+                    delivery.broker_receive_count,
+                )
+                self._settle(delivery, Outcome.RENEWED, self.come_back.afresh, prepared.envelope)
+                continue
+            destination = delivery.destination
+            timing = timings.get(destination)
+            if timing is None:
+                timing = timings[destination] = (
+                    visibility_timeout(destination),
+                    heartbeat_interval(destination),
+                )
             prepared.lease = Lease(
-                run_id=str(uuid.UUID(str(prepared.envelope["run_id"]))),
+                run_id=str(prepared.envelope["run_id"]),
                 holder=new_holder(),
-                seconds=visibility_timeout(prepared.delivery.destination),
-                interval=heartbeat_interval(prepared.delivery.destination),
+                seconds=timing[0],
+                interval=timing[1],
             )
             wanted.append(prepared)
         if not wanted:
-            return
+            return ready
+        ahead = self.ahead
+        claimed_at = time.monotonic()
         started = self.ledger.begin_many(
-            [(p.envelope, p.lease.holder, p.lease.seconds) for p in wanted]  # type: ignore[union-attr]
+            [
+                (
+                    p.envelope,
+                    p.lease.holder,  # type: ignore[union-attr]
+                    ahead_seconds(p.lease) if ahead else p.lease.seconds,  # type: ignore[arg-type]
+                )
+                for p in wanted
+            ]
         )
+        held: list[Prepared] = []
         for prepared in wanted:
             lease = prepared.lease
             assert lease is not None
             prepared.started = decision = started[lease.holder]
-            if decision.decision is Begin.SKIP:
+            if decision.decision is Begin.RUN:
+                if (
+                    decision.receive_count > RECEIVED_TOO_OFTEN_FACTOR * topology.MAX_RECEIVES
+                    and self._received_too_often(prepared, decision.receive_count)
+                ):
+                    continue
+                held.append(prepared)
+            elif decision.decision is Begin.SKIP:
                 # Delivered again after it finished: consumers are idempotent by run_id.
                 self.window.settle(prepared.delivery, None, Outcome.DUPLICATE)
-            elif decision.decision is Begin.BUSY:
-                # Not run here, and settled now: it must not wait for a slot behind the
-                # very run it waits for.
-                delay = decision.lease_remaining + LEASE_MARGIN_SECONDS
-                logger.info(
-                    "run %s is held by another worker; this copy comes back in %.1f s",
-                    lease.run_id,
-                    delay,
-                )
-                self._settle(
-                    prepared.delivery, Outcome.BUSY, self.come_back.busy, prepared.envelope, delay
-                )
-            elif not self._hold(prepared.delivery, lease):
-                # Given back by a shutdown while it was being claimed: not run here.
-                prepared.given_back = True
-                self.ledger.requeued(lease.run_id, holder=lease.holder)
+            else:
+                self._busy(prepared, decision)
+        if held:
+            ready += self._hold_many(held, confirmed_at=claimed_at)
+        return ready
+
+    def _busy(self, prepared: Prepared, decision: Started) -> None:
+        """A copy of a run someone holds under a live lease: not run here now. Settled at
+        once (it must not wait for a slot behind the very run it waits for), except a run
+        another process holds under a lease that ends within seconds (claimed ahead by a
+        worker that may have died with it): claimed again then, once, without a slot."""
+        lease = prepared.lease
+        assert lease is not None and prepared.envelope is not None
+        if (
+            not prepared.parked
+            and decision.held_by
+            and not held_here(decision.held_by)
+            and decision.lease_remaining <= AHEAD_LEASE_SECONDS
+        ):
+            self.window.park(
+                prepared, time.monotonic() + decision.lease_remaining + CLAIM_AGAIN_MARGIN_SECONDS
+            )
+            return
+        delay = decision.lease_remaining + LEASE_MARGIN_SECONDS
+        logger.info(
+            "run %s is held by another worker; this copy comes back in %.1f s",
+            lease.run_id,
+            delay,
+        )
+        self._settle(prepared.delivery, Outcome.BUSY, self.come_back.busy, prepared.envelope, delay)
+
+    def _received_too_often(self, prepared: Prepared, receive_count: int) -> bool:
+        """A run claimed far more often than its task allows: dead-lettered, not run
+        (True). The broker's redrive cannot end it: each copy that finds it held by a
+        dead worker comes back afresh."""
+        envelope = prepared.envelope
+        assert envelope is not None
+        try:
+            max_receives = get_catalog().task(envelope["task"]).retry.max_receives
+        except Exception:  # an unknown task: its own failure follows when it runs
+            max_receives = 0
+        limit = RECEIVED_TOO_OFTEN_FACTOR * max(topology.MAX_RECEIVES, max_receives)
+        if receive_count <= limit:
+            return False
+        exc = ReceivedTooOften(
+            f"run {envelope['run_id']} was received {receive_count} times (more than "
+            f"{limit}) without finishing: its workers died on it, or gave it back, each time"
+        )
+        logger.error("task %s %s; dead-lettered", envelope["task"], exc)
+        failure = FailureContext.from_exception(exc, receive_count=receive_count, tb="")
+        self._settle(prepared.delivery, Outcome.FAILED, self._park, envelope, failure)
+        return True
+
+    def _hold_many(self, batch: list[Prepared], *, confirmed_at: float) -> list[Prepared]:
+        """Keep the leases of these runs just claimed; returns those to run (a delivery a
+        shutdown gave back meanwhile is not: its run is put back here)."""
+        kept: list[Prepared] = []
+        given_back: list[Prepared] = []
+        with self._claims_lock:
+            for prepared in batch:
+                if prepared.delivery.settled:
+                    prepared.given_back = True
+                    given_back.append(prepared)
+                else:
+                    self._claims[prepared.delivery] = prepared.lease  # type: ignore[assignment]
+                    kept.append(prepared)
+        self.leases.hold_many(
+            [p.lease for p in kept],  # type: ignore[misc]
+            ahead=self.ahead,
+            confirmed_at=confirmed_at,
+        )
+        for prepared in given_back:
+            lease = prepared.lease
+            assert lease is not None
+            self.ledger.requeued(lease.run_id, holder=lease.holder)
+        return kept
 
     def _process(self, delivery: Delivery) -> None:
-        prepared = self.window.claim(delivery)
+        prepared = self.window.take(delivery)
+        if prepared is None:
+            if delivery.settled:
+                # Given back by a shutdown between its claim and its slot.
+                return
+            raise RuntimeError(f"no claim for {delivery.run_id}")
         if isinstance(prepared.error, BadMessage):
             failure = FailureContext.from_exception(
                 prepared.error, receive_count=delivery.broker_receive_count, tb=""
@@ -223,12 +362,9 @@ class TaskProcessor:
             return
         if prepared.error is not None:
             raise prepared.error
-        if prepared.given_back:
-            return
         envelope, lease, started = prepared.envelope, prepared.lease, prepared.started
         assert envelope is not None and lease is not None and started is not None
-        if started.decision is not Begin.RUN:
-            # Settled by the bookkeeping (``claim_window``) without taking a slot.
+        if not self._start(delivery, envelope, lease):
             return
         payload = envelope.get("payload")
         job_id = payload.get("job_id") if isinstance(payload, dict) else None
@@ -239,6 +375,35 @@ class TaskProcessor:
             tenant_id=envelope.get("tenant"),
         ):
             self._run(delivery, envelope, lease, started.receive_count)
+
+    def _start(self, delivery: Delivery, envelope: dict[str, Any], lease: Lease) -> bool:
+        """The slot starts the run: from now on held under its full lease. False: not to be
+        run here (given back meanwhile, or taken over: its delivery is settled)."""
+        state = self.leases.start(lease)
+        if state is Start.STARTED:
+            return True
+        if state is Start.NOT_HELD or delivery.settled:
+            # Given back by a shutdown meanwhile, its run put back to queued.
+            return False
+        # No beat kept its short lease lately (the database slow or away, this process
+        # stalled): confirmed here first, or not run.
+        began = time.monotonic()
+        try:
+            kept = self.ledger.extend([lease])
+        except Exception:
+            self._let_go(delivery)
+            raise
+        if lease.holder in kept and self.leases.start(lease, confirmed_at=began) is Start.STARTED:
+            return True
+        self._let_go(delivery)
+        delay = ahead_seconds(lease) + LEASE_MARGIN_SECONDS
+        logger.warning(
+            "run %s was taken over before it started here; this copy comes back in %.1f s",
+            lease.run_id,
+            delay,
+        )
+        self._settle(delivery, Outcome.BUSY, self.come_back.busy, envelope, delay)
+        return False
 
     def _run(self, delivery: Delivery, envelope: dict[str, Any], lease: Lease, receive_count: int):
         task = envelope["task"]
@@ -265,7 +430,9 @@ class TaskProcessor:
             )
             with self._claims_lock:
                 self._running[delivery] = running
-            self.window.wake()
+            if limit < WINDOW_MAX_SLEEP:
+                # Sooner than the claiming thread's next look at the time limits.
+                self.window.wake()
             try:
                 traceparent = envelope.get("traceparent")
                 if traceparent and tracing.active():
@@ -287,6 +454,9 @@ class TaskProcessor:
             finally:
                 with self._claims_lock:
                     abandoned = self._running.pop(delivery, None) is None
+                # Its outcome is recorded next: a beat that finds the run settled
+                # meanwhile has lost nothing.
+                self.leases.settling(lease)
         except Exception as exc:
             if abandoned:
                 # Past its time limit: the run was retried without it.
@@ -304,17 +474,18 @@ class TaskProcessor:
             # until then.
             self.window.settle(delivery, lease, Outcome.SUCCEEDED)
         duration = time.monotonic() - began
-        metrics.TASK_RUN_DURATION.labels(task=task).observe(duration)
-        logger.info(
-            "task run finished",
-            extra={
-                "task": task,
-                "outcome": outcome.metric,
-                "duration": round(duration, 6),
-                # The run's trace (its span is over by now), while tracing is on.
-                "trace_id": tracing.trace_id_of(envelope.get("traceparent")),
-            },
-        )
+        self._metric(metrics.TASK_RUN_DURATION, task).observe(duration)
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "task run finished",
+                extra={
+                    "task": task,
+                    "outcome": outcome.metric,
+                    "duration": round(duration, 6),
+                    # The run's trace (its span is over by now), while tracing is on.
+                    "trace_id": tracing.trace_id_of(envelope.get("traceparent")),
+                },
+            )
 
     # -- time limits (the bookkeeping thread) ----------------------------------------------
 
@@ -361,8 +532,14 @@ class TaskProcessor:
 
     # -- group settlement (the bookkeeping thread) -----------------------------------------
 
-    def let_go(self, delivery: Delivery) -> None:
-        self._let_go(delivery)
+    def let_go_many(self, deliveries: list[Delivery]) -> None:
+        with self._claims_lock:
+            leases = [
+                lease
+                for lease in (self._claims.pop(delivery, None) for delivery in deliveries)
+                if lease is not None
+            ]
+        self.leases.drop_many(leases)
 
     def settled(self, delivery: Delivery, outcome: Outcome, *, unsettled: bool = False) -> None:
         self._count(delivery, outcome, Settling.UNSETTLED if unsettled else None)
@@ -384,15 +561,16 @@ class TaskProcessor:
                 task = str(delivery.envelope.get("task", "?"))
             except BadMessage:
                 task = "?"
-            metrics.TASK_RUNS.labels(task=task, outcome=name).inc()
+            self._metric(metrics.TASK_RUNS, task, name).inc()
 
-    def _hold(self, delivery: Delivery, lease: Lease) -> bool:
-        with self._claims_lock:
-            if delivery.settled:
-                return False
-            self._claims[delivery] = lease
-        self.leases.hold(lease)
-        return True
+    def _metric(self, family, *labels: str):
+        """A metric's child for these label values, looked up once (labels of low
+        cardinality: tasks and outcomes)."""
+        key = (id(family), labels)
+        child = self._metric_children.get(key)
+        if child is None:
+            child = self._metric_children[key] = family.labels(*labels)
+        return child
 
     def _let_go(self, delivery: Delivery) -> Lease | None:
         with self._claims_lock:
@@ -481,6 +659,18 @@ class TaskProcessor:
         if envelope is not None:
             self.ledger.failed(envelope, failure=failure)
         self.consumer.ack(delivery)
+
+
+_slot = threading.local()
+
+
+def _thread_database():
+    """This thread's database connection (Django's, for the default database), looked up
+    once per thread: a slot asks for it twice per message."""
+    db = getattr(_slot, "db", None)
+    if db is None:
+        db = _slot.db = connections[DEFAULT_DB_ALIAS]
+    return db
 
 
 def _checked_envelope(delivery: Delivery) -> dict[str, Any]:

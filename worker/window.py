@@ -5,8 +5,10 @@ handler starts, the outcome before the ack. Paid one round trip each per message
 bound a worker at a few hundred no-op tasks a second. Here they are paid per window:
 
 - the deliveries the consume loop received together (the broker hands over more than
-  there are slots) are claimed together, in one statement, as soon as they arrive; a slot
-  that takes one finds its claim made (or waits for the statement in progress);
+  there are slots) are claimed together, in one statement, as soon as they arrive; each
+  one whose run is claimed is then handed to the slots (``ConsumeLoop.hand_over``), so a
+  slot never waits for a claim, and one that needs no slot (a duplicate, a copy of a run
+  held elsewhere) is settled right there;
 - a slot whose handler succeeded hands the outcome over and takes its next message; the
   outcomes that gathered meanwhile are committed in one statement (a group commit), then
   acked in one call to the broker (one ``multiple`` ack on RabbitMQ, ``DeleteMessageBatch``
@@ -15,22 +17,27 @@ bound a worker at a few hundred no-op tasks a second. Here they are paid per win
 
 Claims and outcomes have a thread each (each with its database connection), so that a
 window's claim and the previous window's commit overlap. The claiming thread also watches
-the handlers' time limits (``TaskProcessor.abandon_expired``).
+the handlers' time limits (``TaskProcessor.abandon_expired``) and claims again, once, the
+copies it put aside for a moment (``park``: a run another worker claimed ahead, whose
+short lease ends within seconds if that worker is dead).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from broker.consume import Consumer, Delivery
 from lifecycle.failures import log_failure
-from outbox.runs import Lease, RunLedger, Started
+from outbox.runs import Begin, Lease, RunLedger, Started
 from worker.outcomes import Outcome
 
 logger = logging.getLogger("hubdommed.worker")
@@ -54,7 +61,6 @@ class Prepared:
     """A delivery's claim, made with the others of its window."""
 
     delivery: Delivery
-    done: threading.Event = field(default_factory=threading.Event)
     envelope: dict[str, Any] | None = None
     lease: Lease | None = None
     started: Started | None = None
@@ -62,6 +68,10 @@ class Prepared:
     error: BaseException | None = None
     # Given back by a shutdown while it was being claimed: not to be run.
     given_back: bool = False
+    # Put aside once already (``RunWindow.park``): the next claim is its last.
+    parked: bool = False
+    # Put aside right now, waiting for that next claim.
+    waiting: bool = False
 
 
 @dataclass(eq=False)
@@ -78,7 +88,8 @@ class Bookkeeper(Protocol):
     ledger: RunLedger
     consumer: Consumer
 
-    def claim_window(self, batch: list[Prepared]) -> None: ...
+    def claim_window(self, batch: list[Prepared]) -> list[Prepared]:
+        """Claim these runs; returns those to hand to a slot."""
 
     def until_next_deadline(self) -> float: ...
 
@@ -86,7 +97,7 @@ class Bookkeeper(Protocol):
 
     def come_back_later(self, settled: list[tuple[Delivery, Outcome]]) -> None: ...
 
-    def let_go(self, delivery: Delivery) -> None: ...
+    def let_go_many(self, deliveries: list[Delivery]) -> None: ...
 
     def settled(self, delivery: Delivery, outcome: Outcome, *, unsettled: bool = False) -> None: ...
 
@@ -94,11 +105,17 @@ class Bookkeeper(Protocol):
 class RunWindow:
     def __init__(self, processor: Bookkeeper) -> None:
         self.processor = processor
+        # Where a delivery whose run is claimed goes: the consume loop's slots (set when
+        # the worker is built; until then, nowhere).
+        self.hand_over: Callable[[Delivery], None] = _nowhere
         self._lock = threading.Lock()
         self._claims_waiting = threading.Event()
         self._outcomes_waiting = threading.Event()
         self._to_claim: list[Prepared] = []
         self._prepared: dict[int, Prepared] = {}
+        # Copies put aside, by when to claim them again (a heap).
+        self._parked: list[tuple[float, int, Prepared]] = []
+        self._parked_order = itertools.count()
         self._to_settle: list[_Outcome] = []
         # Outcomes taken by the thread and not acked yet.
         self._in_settlement = 0
@@ -110,8 +127,8 @@ class RunWindow:
     # -- from the consume loop's thread and the slots -------------------------------------
 
     def prepare(self, deliveries: list[Delivery]) -> None:
-        """Claim the runs of these deliveries, together, before any slot asks (no waiting
-        here: the consume loop's thread calls it)."""
+        """Claim the runs of these deliveries, together; each is handed to a slot once its
+        run is claimed (no waiting here: the consume loop's thread calls it)."""
         with self._lock:
             for delivery in deliveries:
                 if id(delivery) not in self._prepared:
@@ -121,28 +138,22 @@ class RunWindow:
             self._ensure_threads()
         self._claims_waiting.set()
 
-    def claim(self, delivery: Delivery) -> Prepared:
-        """The delivery's claim, waiting for its window's statement if need be."""
+    def take(self, delivery: Delivery) -> Prepared | None:
+        """The claim of a delivery handed to a slot (None: it was never prepared here)."""
         with self._lock:
-            prepared = self._prepared.get(id(delivery))
-        if prepared is None:
-            self.prepare([delivery])
-            with self._lock:
-                prepared = self._prepared[id(delivery)]
-        prepared.done.wait()
-        with self._lock:
-            self._prepared.pop(id(delivery), None)
-        return prepared
+            return self._prepared.pop(id(delivery), None)
 
     def forget(self, delivery: Delivery) -> Prepared | None:
         """A delivery given back before a slot took it: its claim, if one was made."""
         with self._lock:
-            prepared = self._prepared.get(id(delivery))
-        if prepared is None or not prepared.done.is_set():
-            return None
+            return self._prepared.pop(id(delivery), None)
+
+    def park(self, prepared: Prepared, until: float) -> None:
+        """Claim this one again at ``until`` (monotonic), once, without holding a slot."""
+        prepared.parked = prepared.waiting = True
         with self._lock:
-            self._prepared.pop(id(delivery), None)
-        return prepared
+            heapq.heappush(self._parked, (until, next(self._parked_order), prepared))
+        # Not woken now: the claiming thread looks at the heap before each sleep.
 
     def settle(self, delivery: Delivery, lease: Lease | None, outcome: Outcome) -> None:
         """Commit this outcome with the others that gathered meanwhile, then ack; no
@@ -150,14 +161,21 @@ class RunWindow:
         with self._lock:
             self._to_settle.append(_Outcome(delivery, lease, outcome))
             self._ensure_threads()
-        self._outcomes_waiting.set()
+        if not self._outcomes_waiting.is_set():
+            self._outcomes_waiting.set()
 
     def unsettled(self) -> int:
         with self._lock:
             return len(self._to_settle) + self._in_settlement
 
+    @property
+    def prepared(self) -> int:
+        """Deliveries received and neither taken by a slot nor settled yet."""
+        with self._lock:
+            return len(self._prepared)
+
     def wake(self) -> None:
-        """A new time limit to watch."""
+        """A time limit sooner than the claiming thread's next look."""
         self._claims_waiting.set()
 
     # -- the bookkeeping thread -----------------------------------------------------------
@@ -173,10 +191,26 @@ class RunWindow:
     def _claiming(self) -> None:
         with _Connection() as db:
             while True:
-                self._claims_waiting.wait(min(MAX_SLEEP, self.processor.until_next_deadline()))
+                with self._lock:
+                    parked_at = self._parked[0][0] if self._parked else float("inf")
+                sleep = min(
+                    MAX_SLEEP,
+                    self.processor.until_next_deadline(),
+                    max(0.0, parked_at - time.monotonic()),
+                )
+                self._claims_waiting.wait(sleep)
                 self._claims_waiting.clear()
+                now = time.monotonic()
                 with self._lock:
                     claims, self._to_claim = self._to_claim, []
+                    while self._parked and self._parked[0][0] <= now:
+                        prepared = heapq.heappop(self._parked)[2]
+                        prepared.waiting = False
+                        if prepared.delivery.settled:
+                            # Given back by a shutdown meanwhile.
+                            self._prepared.pop(id(prepared.delivery), None)
+                        else:
+                            claims.append(prepared)
                 if claims:
                     db.use()
                     self._claim(claims)
@@ -201,25 +235,40 @@ class RunWindow:
                 db.idle()
 
     def _claim(self, batch: list[Prepared]) -> None:
+        ready: list[Prepared] = []
         try:
             self.claim_statements += 1
             try:
-                self.processor.claim_window(batch)
+                ready = self.processor.claim_window(batch)
             except (InterfaceError, OperationalError):
                 # A connection the database dropped: once more on a new one (a claim whose
                 # answer was lost is found held by its own holder).
                 connection.close()
-                self.processor.claim_window(batch)
+                ready = self.processor.claim_window(batch)
         except Exception as exc:
             # The database is away: each slot gives its message back for later.
             log_failure(logger, exc, "claiming %d runs failed", len(batch))
+            ready = []
             for prepared in batch:
-                if prepared.error is None and prepared.started is None:
-                    prepared.error = exc
+                if prepared.delivery.settled or prepared.given_back:
+                    continue
+                if prepared.started is None:
+                    # Not claimed: its slot gives it back for later.
+                    prepared.error = prepared.error or exc
+                    ready.append(prepared)
+                elif prepared.started.decision is Begin.RUN:
+                    # Claimed and held before the failure: it runs.
+                    ready.append(prepared)
             connection.close()
-        finally:
+        handed = {id(prepared) for prepared in ready}
+        with self._lock:
             for prepared in batch:
-                prepared.done.set()
+                if id(prepared) not in handed and not prepared.waiting:
+                    # Settled here, without a slot (a duplicate, a copy of a run held
+                    # elsewhere, a fresh copy's place taken), or given back meanwhile.
+                    self._prepared.pop(id(prepared.delivery), None)
+        for prepared in ready:
+            self.hand_over(prepared.delivery)
 
     def _settle(self, outcomes: list[_Outcome]) -> None:
         mine = [item for item in outcomes if item.delivery.take_settlement()]
@@ -232,8 +281,7 @@ class RunWindow:
                 self.processor.come_back_later([(item.delivery, item.outcome) for item in mine])
                 return
         finally:
-            for item in mine:
-                self.processor.let_go(item.delivery)
+            self.processor.let_go_many([item.delivery for item in mine])
         # Committed: now the acks, all in one call (RabbitMQ: sent by its I/O thread
         # without waiting here; one that fails comes back and is skipped as a duplicate).
         deliveries = [item.delivery for item in mine]
@@ -264,12 +312,16 @@ class RunWindow:
                     time.sleep(pause)
                     pause *= 2
                 continue
-            lost = {lease.run_id for lease in leases} - marked
-            if lost:
+            if len(marked) < len(leases):
                 # Taken over after the lease expired: the new holder records its own.
+                lost = {lease.run_id for lease in leases} - marked
                 logger.warning("runs taken over before their success was recorded: %s", lost)
             return True
         return False
+
+
+def _nowhere(delivery: Delivery) -> None:
+    raise RuntimeError("the window hands deliveries over to no slot")
 
 
 class _Connection:

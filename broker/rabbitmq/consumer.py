@@ -10,7 +10,11 @@ delivery tags it can cover.
 
 A message being worked on simply stays unacked: the broker keeps it from everyone else
 and gives it back if the connection dies (which is what a killed worker looks like).
-``basic_qos(prefetch_count=N)`` keeps at most N unacked messages on this connection.
+The window (``prefetch``) is the process's, whatever the number of queues it consumes:
+quorum queues take no channel-wide (``global``) prefetch, so each consumer gets its share
+of it (``prefetch_shares``: ``basic_qos`` before each ``basic_consume``), the first queues
+of the list one more when it does not divide evenly. A worker consuming four queues with a
+window of 64 holds at most 16 unacked messages of each.
 
 Dead-lettering publishes a copy, through the default exchange, to the queue's ``-dlq``
 with the error in ``x-error-*`` headers, on a channel with publisher confirms; the caller
@@ -50,9 +54,20 @@ T = TypeVar("T")
 SETTLE_TIMEOUT = 30.0
 
 
+def prefetch_shares(prefetch: int, consumers: int) -> list[int]:
+    """The window split across the consumers, in their order: together ``prefetch``
+    (each at least one: a prefetch of 0 would be no limit at all)."""
+    if consumers < 1:
+        return []
+    base, extra = divmod(prefetch, consumers)
+    return [max(1, base + (1 if index < extra else 0)) for index in range(consumers)]
+
+
 class RabbitMQConsumer(Consumer):
     name = "rabbitmq"
     can_delay = False
+    # The broker requeues a closed connection's unacked messages at once.
+    returns_unsettled_at_once = True
 
     def __init__(self, url: str | None = None) -> None:
         self._url = url
@@ -86,14 +101,18 @@ class RabbitMQConsumer(Consumer):
             for destination in destinations:
                 for method, kwargs in declarations(destination):
                     getattr(channel, method)(**kwargs)
-            channel.basic_qos(prefetch_count=prefetch)
-            self._consumer_tags = [
-                channel.basic_consume(
-                    topology.queue_name(destination),
-                    on_message_callback=partial(self._on_message, destination),
+            self._consumer_tags = []
+            for destination, share in zip(
+                destinations, prefetch_shares(prefetch, len(destinations)), strict=True
+            ):
+                # Applies to the consumers started after it on this channel.
+                channel.basic_qos(prefetch_count=share)
+                self._consumer_tags.append(
+                    channel.basic_consume(
+                        topology.queue_name(destination),
+                        on_message_callback=partial(self._on_message, destination),
+                    )
                 )
-                for destination in destinations
-            ]
             self._channel = channel
             self._publisher = self._connection.channel()
             self._publisher.confirm_delivery()

@@ -20,6 +20,7 @@ from tests.reliability.support import (
     scaled,
     wait_for,
 )
+from tests.reliability.test_worker_windows import way_forward_report
 
 RUNS = scaled(200, 2_000)
 ROUNDS = scaled(3, 10)  # each round: one SIGKILL and one SIGTERM
@@ -87,7 +88,10 @@ def test_worker_killed_and_terminated_mid_task_runs_every_effect_once(
                 == RUNS
             ),
             timeout=scaled(180, 600),
-            what=lambda: f"every run to succeed\n{stack.log_tail('worker', 'relay')}",
+            what=lambda: (
+                f"every run to succeed\n{way_forward_report(stack)}\n"
+                f"{stack.log_tail('worker', 'relay')}"
+            ),
         )
         finished = time.monotonic()
     finally:

@@ -41,6 +41,11 @@ def test_catalog(tmp_path_factory) -> Path:
     catalog["tasks"].append(
         {"name": "test.work", "queue": "default", "retry": RETRY, "description": "tests"}
     )
+    for queue in ("critical", "bulk", "maintenance"):
+        # The same handler on the other queue classes (a worker consuming several).
+        catalog["tasks"].append(
+            {"name": f"test.work.{queue}", "queue": queue, "retry": RETRY, "description": "tests"}
+        )
     catalog["tasks"].append(
         {"name": "test.limited", "queue": "default", "retry": RETRY, "time_limit_seconds": 1}
     )

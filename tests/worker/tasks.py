@@ -1,8 +1,9 @@
 """Test-only task handlers (catalogued in the tests' own tasks catalog, never tasks.json).
 
-``test.work`` records each execution in Redis (by run_id) and then does what its payload
-says: sleep, wait for the test's go-ahead, fail transiently until a given receive, or fail
-permanently. ``test.limited`` has a time limit of one second.
+``test.work`` (and ``test.work.<queue>``, the same on the other queue classes) records
+each execution in Redis (by run_id) and then does what its payload says: sleep, wait for
+the test's go-ahead, fail transiently until a given receive, or fail permanently.
+``test.limited`` has a time limit of one second.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def record_execution(message: TaskMessage) -> None:
 
 
 @task("test.work")
+@task("test.work.critical")
+@task("test.work.bulk")
+@task("test.work.maintenance")
 def work(message: TaskMessage) -> None:
     payload = message.payload
     record_execution(message)

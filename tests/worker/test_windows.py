@@ -12,10 +12,14 @@ import threading
 import uuid
 from datetime import timedelta
 
+import pika
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from broker.sqs.publisher import SQSTransport, sqs_client
+from broker.topology import queue_name
 from outbox.models import PlatformOutboxMessage, TaskRun
 from outbox.runs import Begin, Lease, RunLedger
 from outbox.services import dispatch
@@ -23,11 +27,13 @@ from tests.worker.conftest import (
     claim,
     dispatch_work,
     executions,
+    go_ahead,
     run_finished,
     run_of,
     wait_for,
     worker_environment,
 )
+from worker.builders import PREFETCH_PER_SLOT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -256,3 +262,70 @@ def test_a_window_claimed_again_by_the_same_holders_is_theirs_without_a_second_r
 
     assert [again[f"holder-{run_id}"].decision for run_id in run_ids] == [Begin.RUN] * 3
     assert [run_of(run_id).receive_count for run_id in run_ids] == [1, 1, 1]
+
+
+def _ready_messages(destinations) -> int:
+    """The broker's own count of the messages its queues still hold for anyone (ready:
+    neither delivered nor in flight)."""
+    if django_settings.BROKER == "sqs":
+        client = sqs_client()
+        transport = SQSTransport()
+        try:
+            return sum(
+                int(
+                    client.get_queue_attributes(
+                        QueueUrl=transport.queue_url(destination),
+                        AttributeNames=["ApproximateNumberOfMessages"],
+                    )["Attributes"]["ApproximateNumberOfMessages"]
+                )
+                for destination in destinations
+            )
+        finally:
+            transport.close()
+    rabbit = pika.BlockingConnection(pika.URLParameters(django_settings.RABBITMQ_URL))
+    try:
+        channel = rabbit.channel()
+        return sum(
+            channel.queue_declare(queue_name(destination), passive=True).method.message_count
+            for destination in destinations
+        )
+    finally:
+        rabbit.close()
+
+
+QUEUE_CLASSES = ("critical", "default", "bulk", "maintenance")
+
+
+def test_a_worker_consuming_four_full_queues_holds_one_window_not_one_per_queue(
+    broker, relay, start_worker
+):
+    per_queue = PREFETCH_PER_SLOT + 8  # each queue alone could fill the window
+    run_ids: list[str] = []
+    with transaction.atomic():
+        for queue in QUEUE_CLASSES:
+            name = "test.work" if queue == "default" else f"test.work.{queue}"
+            run_ids += [str(dispatch(name, {"wait_for_go_ahead": True})) for _ in range(per_queue)]
+    wait_for(lambda: _all_sent(run_ids), what="the messages to be sent")
+    total = len(run_ids)
+
+    worker = start_worker(concurrency=1, queues=QUEUE_CLASSES)
+    window = PREFETCH_PER_SLOT  # one slot
+
+    def claimed() -> int:
+        return TaskRun.objects.filter(run_id__in=run_ids, status=TaskRun.Status.RUNNING).count()
+
+    try:
+        wait_for(lambda: claimed() >= window, what="the worker's window to fill")
+        # Nothing on its way any more: what left the queues is what the worker received,
+        # and every message it received is claimed.
+        wait_for(
+            lambda: (
+                total - _ready_messages(QUEUE_CLASSES) == worker.worker.stats.received == claimed()
+            ),
+            what="the broker's count and the worker's claims to agree",
+        )
+        held = claimed()
+        assert held <= window, f"{held} runs held by a worker whose window is {window}"
+    finally:
+        for run_id in run_ids:
+            go_ahead(run_id)
