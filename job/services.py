@@ -35,7 +35,7 @@ from job.selectors import (
     job_ids_unfinished_of,
     running_count,
 )
-from outbox.services import publish
+from outbox.services import publish, publish_new
 
 logger = logging.getLogger("hubdommed.job")
 
@@ -87,8 +87,8 @@ def job_create(
     ``created=False`` (when the request is the same one; another request is refused).
 
     The reads and checks come before the transaction (checking the parameters against the
-    automation's schema may take a while): the transaction holds only the writes, the job
-    and then its event with its outbox rows, one statement each.
+    automation's schema may take a while): the transaction holds only the writes, the job,
+    its event, its runs and its outbox rows in one statement (``_write_created``).
     """
     if idempotency_key is not None:
         existing = Job.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
@@ -112,12 +112,11 @@ def job_create(
     )
     with transaction.atomic():
         if idempotency_key is None:
-            job.save(force_insert=True)
+            _write_created(job, actor=requested_by)
         else:
-            existing = _insert_unless_key_taken(job)
+            existing = _write_unless_key_taken(job, actor=requested_by)
             if existing is not None:
                 return _replayed(existing, automation_id, params, rerun_of), False
-        record_transition(job, job.created_event(), actor=requested_by)
     return job, True
 
 
@@ -150,16 +149,26 @@ def job_rerun(
     )
 
 
-def _insert_unless_key_taken(job: Job) -> Job | None:
-    """Insert ``job``; or, when a concurrent request with the same idempotency key got
-    there first, return that request's job instead.
+def _write_created(job: Job, *, actor: Any) -> None:
+    """Write the new ``job`` and record its JobCreated, in one statement: the event's
+    payload, its runs' envelopes and its aggregate id take the job's id from its INSERT."""
+    event = job.created_event()
+    publish_new(
+        event.name, event.payload, row=job, id_key="job_id", tenant=job.tenant_id, actor=actor
+    )
+    count_transition(job)
+
+
+def _write_unless_key_taken(job: Job, *, actor: Any) -> Job | None:
+    """Write ``job`` with its JobCreated; or, when a concurrent request with the same
+    idempotency key got there first, return that request's job instead (nothing written).
 
     A savepoint, needed only with a key: the insert that collides with the other
     request's waits for it to commit, fails, and the rest of the transaction carries on.
     """
     try:
         with transaction.atomic():
-            job.save(force_insert=True)
+            _write_created(job, actor=actor)
     except IntegrityError:
         existing = Job.objects.filter(
             tenant=job.tenant_id, idempotency_key=job.idempotency_key
