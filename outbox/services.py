@@ -34,17 +34,17 @@ fanned out to many.
 
 from __future__ import annotations
 
-import copy
+import functools
 import json
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import connection, connections, models, transaction
 from django.db.models.expressions import DatabaseDefault, RawSQL
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
@@ -546,37 +546,36 @@ class _Runs:
     ) -> tuple[int | None, datetime | None, int | None]:
         """One statement for every row: a round trip, not one per table.
 
-        The INSERTs are the ones ``bulk_create`` would send, built from the models, and
-        chained as data-modifying CTEs; the envelopes read the event's id from its CTE,
-        and the event and the envelopes the new row's id from the row's.
+        The INSERTs write what ``bulk_create`` would, and are chained as data-modifying
+        CTEs; the envelopes read the event's id from its CTE, and the event and the
+        envelopes the new row's id from the row's.
         """
         parts, params = [], []
         row_key = None
         if new_row is not None:
             row, row_key = new_row.instance, new_row.id_key
-            sql, values = _insert_sql(type(row), [row])
+            sql, values = _rows_sql(type(row), [row])
             pk = connection.ops.quote_name(row._meta.pk.column)
             parts.append(f'new_row AS ({sql} RETURNING {pk} AS "id")')
             params.extend(values)
-        messages = self.messages
+        envelope = None
         if with_event is not None:
-            written = with_event
+            event_values = None
             if row_key is not None:
-                written = copy.copy(with_event)
-                written.aggregate_id = RawSQL('(SELECT "id"::text FROM new_row)', ())
-                written.payload = _WithRowId(with_event.payload, row_key)
-            sql, values = _insert_sql(Event, [written])
+                event_values = {
+                    "aggregate_id": lambda _: _ROW_ID_AS_TEXT,
+                    "payload": lambda event: _WithRowId(event.payload, row_key),
+                }
+            sql, values = _rows_sql(Event, [with_event], replace=event_values)
             parts.append(f'new_event AS ({sql} RETURNING "id", "occurred_at")')
             params.extend(values)
-            messages = [copy.copy(message) for message in self.messages]
-            for message in messages:
-                message.envelope = _WithEventId(message.envelope, row_key=row_key)
+            envelope = {"envelope": lambda message: _WithEventId(message.envelope, row_key=row_key)}
         if self.runs:
-            sql, values = _insert_sql(TaskRun, self.runs)
+            sql, values = _rows_sql(TaskRun, self.runs)
             parts.append(f"new_runs AS ({sql})")
             params.extend(values)
-        if messages:
-            sql, values = _insert_sql(self.model, messages)
+        if self.messages:
+            sql, values = _rows_sql(self.model, self.messages, replace=envelope)
             parts.append(f"new_messages AS ({sql})")
             params.extend(values)
         result = (
@@ -619,12 +618,99 @@ class _WithRowId(RawSQL):
         )
 
 
+_ROW_ID_AS_TEXT = RawSQL('SELECT "id"::text FROM new_row', ())
+
 _ENVELOPE_WITH_EVENT_ID = "jsonb_set(%s::jsonb, '{event_id}', to_jsonb((SELECT id FROM new_event)))"
 # The payload's key is a parameter: a text[] path, '{payload,<key>}'.
 _ENVELOPE_WITH_EVENT_AND_ROW_IDS = (
     "jsonb_set(jsonb_set(%s::jsonb, '{event_id}', to_jsonb((SELECT id FROM new_event))), "
     "%s::text[], to_jsonb((SELECT id FROM new_row)))"
 )
+
+
+# Rows of a model that one INSERT … VALUES carries; more go as arrays (``_insert_sql``).
+_FEW_ROWS = 16
+
+
+def _rows_sql(
+    model: type[models.Model],
+    objs: list[models.Model],
+    *,
+    replace: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> tuple[str, list[Any]]:
+    """The INSERT of ``objs``: ``_values_sql`` for a few rows, ``_insert_sql`` for many."""
+    if replace is None and len(objs) > _FEW_ROWS:
+        return _insert_sql(model, objs)
+    return _values_sql(model, objs, replace=replace)
+
+
+def _values_sql(
+    model: type[models.Model],
+    objs: list[models.Model],
+    *,
+    replace: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> tuple[str, list[Any]]:
+    """``INSERT … VALUES (…), …`` of ``objs``, the values ``bulk_create`` would send (each
+    field's ``pre_save`` and ``get_db_prep_save``), built without the compiler (most of
+    a publish's time went into compiling its few rows): a value is a parameter, None the
+    literal NULL, an expression its own SQL, a database default DEFAULT, and a column every
+    row leaves to its default is left out. ``replace`` gives, by field name, the value to
+    write instead of the row's own (an expression reading another CTE).
+    """
+    db = connections[connection.alias]
+    fields, columns = _insertable(model)
+    rows = []
+    for obj in objs:
+        values = [field.pre_save(obj, add=True) for field in fields]
+        if replace:
+            for n, field in enumerate(fields):
+                if field.name in replace:
+                    values[n] = replace[field.name](obj)
+        rows.append(values)
+    kept = [
+        n
+        for n in range(len(fields))
+        if not all(isinstance(row[n], DatabaseDefault) for row in rows)
+    ]
+    compiler = None
+    params: list[Any] = []
+    tuples = []
+    for row in rows:
+        sqls = []
+        for n in kept:
+            value = row[n]
+            if value is None:
+                sqls.append("NULL")
+            elif isinstance(value, DatabaseDefault):
+                sqls.append("DEFAULT")
+            elif hasattr(value, "resolve_expression"):
+                if compiler is None:
+                    compiler = InsertQuery(model).get_compiler(connection=db)
+                sql, values = _compiled(compiler, value)
+                sqls.append(sql)
+                params.extend(values)
+            else:
+                prepared = fields[n].get_db_prep_save(value, db)
+                sqls.append("NULL" if prepared is None else "%s")
+                if prepared is not None:
+                    params.append(prepared)
+        tuples.append(f"({', '.join(sqls)})")
+    names = ", ".join(columns[n] for n in kept)
+    table = db.ops.quote_name(model._meta.db_table)
+    return f"INSERT INTO {table} ({names}) VALUES {', '.join(tuples)}", params  # noqa: S608 (names and expressions of the model, every value a parameter)
+
+
+@functools.cache
+def _insertable(model: type[models.Model]) -> tuple[list[models.Field], list[str]]:
+    """The fields an INSERT of ``model`` writes (not its own id, nor generated ones), and
+    their quoted columns."""
+    meta = model._meta
+    fields = [
+        field
+        for field in meta.concrete_fields
+        if not field.generated and field is not meta.auto_field
+    ]
+    return fields, [connection.ops.quote_name(field.column) for field in fields]
 
 
 def _insert_sql(
