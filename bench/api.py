@@ -7,9 +7,12 @@
     by the same number of client threads for the same time; medians of the rates and of
     the per-round ratios.
 (0) In one process (``--only inprocess``): both requests through Django's test client, no
-    HTTP and no gunicorn, DEBUG off: the statements each sends (and the round trips they
-    are), the CPU and wall time of each, and where a POST's CPU goes (cProfile, CPU time,
-    the project's functions by cumulative time). Load-independent evidence beside (1).
+    HTTP and no gunicorn, DEBUG off: the statements each sends, the CPU and wall time of
+    each, and where a POST's CPU goes (cProfile, CPU time, the project's functions by
+    cumulative time); then the round trips to PostgreSQL each request makes, counted
+    through a proxy that holds every packet ``ROUND_TRIP_DELAY`` (a request's time is then
+    that many delays, whatever the machine's load), the connection's health check and
+    psycopg's BEGIN included. Load-independent evidence beside (1).
 (2) The list at scale: ``--jobs`` jobs (1,000,000 by default) bulk-loaded for one tenant
     with ``generate_series`` (not through the API), then ``GET /api/v1/jobs`` with each
     filter alone, the first page and the pages after it (the cursor), one client;
@@ -205,6 +208,70 @@ def in_process(token: str, automation_id: int, *, requests: int) -> None:
     for cumulative, where in sorted(own, reverse=True)[:20]:
         if cumulative < 0.9 * total:
             print(f"    {cumulative / total:>5.0%}  {where}")
+    round_trips(calls)
+
+
+# What the proxy of ``round_trips`` holds each packet: far above a request's own time.
+ROUND_TRIP_DELAY = 0.05
+
+
+def round_trips(calls: dict) -> None:
+    """Each request's round trips to PostgreSQL, through a proxy that delays each packet."""
+    import asyncio
+
+    from django.db import close_old_connections, connections
+
+    async def forward(reader, writer):
+        try:
+            while data := await reader.read(65536):
+                await asyncio.sleep(ROUND_TRIP_DELAY / 2)
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    db = connections["default"]
+    target = (db.settings_dict["HOST"] or "127.0.0.1", int(db.settings_dict["PORT"] or 5432))
+
+    async def handle(client_reader, client_writer):
+        server_reader, server_writer = await asyncio.open_connection(*target)
+        await asyncio.gather(
+            forward(client_reader, server_writer), forward(server_reader, client_writer)
+        )
+
+    ports: list[int] = []
+
+    def serve() -> None:
+        async def main() -> None:
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            ports.append(server.sockets[0].getsockname()[1])
+            await server.serve_forever()
+
+        asyncio.run(main())
+
+    threading.Thread(target=serve, daemon=True).start()
+    while not ports:
+        time.sleep(0.01)
+    saved = dict(db.settings_dict)
+    db.close()
+    db.settings_dict.update(HOST="127.0.0.1", PORT=str(ports[0]))
+    print(f"  round trips to PostgreSQL (each packet held {ROUND_TRIP_DELAY * 1000:.0f} ms):")
+    try:
+        for name, call in calls.items():
+            call()  # the connection opened, the process's terms of the automation kept
+            counts = []
+            for _ in range(5):
+                # What gunicorn's request_started does: the next query checks the
+                # connection first (CONN_HEALTH_CHECKS' SELECT 1).
+                close_old_connections()
+                began = time.perf_counter()
+                call()
+                counts.append((time.perf_counter() - began) / ROUND_TRIP_DELAY)
+            print(f"    {name:<20} {statistics.median(counts):.1f}")
+    finally:
+        db.close()
+        db.settings_dict.clear()
+        db.settings_dict.update(saved)
 
 
 def _statement(sql: str) -> str:
