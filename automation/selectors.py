@@ -62,6 +62,9 @@ def automation_job_terms(automation_id: int) -> JobTerms | None:
     )
 
 
+_ID = models.BigIntegerField()
+
+
 def automation_id_on_terms(terms: JobTerms) -> RawSQL:
     """The automation's id while it still has ``terms`` (active, the same schema), else
     NULL, evaluated by the statement it is part of: a new job's automation column, which
@@ -71,7 +74,7 @@ def automation_id_on_terms(terms: JobTerms) -> RawSQL:
         'SELECT "id" FROM "automations" WHERE "id" = %s AND "is_active" '
         'AND md5("params_schema"::text) IS NOT DISTINCT FROM %s',
         (terms.automation_id, terms.schema_digest),
-        output_field=models.BigIntegerField(),
+        output_field=_ID,
     )
 
 

@@ -592,6 +592,10 @@ class _Runs:
         return event_id, occurred_at, row_id
 
 
+# The output field of the expressions below: one for all, as a Value's would be.
+_JSON = models.JSONField()
+
+
 class _WithEventId(RawSQL):
     """An envelope whose ``event_id`` is the id of the event written in the same
     statement (the ``new_event`` CTE), and whose payload's ``row_key``, when given, the id
@@ -603,7 +607,7 @@ class _WithEventId(RawSQL):
             sql, params = _ENVELOPE_WITH_EVENT_ID, (body,)
         else:
             sql, params = _ENVELOPE_WITH_EVENT_AND_ROW_IDS, (body, f"{{payload,{row_key}}}")
-        super().__init__(sql, params, output_field=models.JSONField())
+        super().__init__(sql, params, output_field=_JSON)
 
 
 class _WithRowId(RawSQL):
@@ -614,7 +618,7 @@ class _WithRowId(RawSQL):
         super().__init__(
             "jsonb_set(%s::jsonb, %s::text[], to_jsonb((SELECT id FROM new_row)))",
             (json.dumps(payload, separators=(",", ":")), f"{{{key}}}"),
-            output_field=models.JSONField(),
+            output_field=_JSON,
         )
 
 
@@ -658,20 +662,26 @@ def _values_sql(
     write instead of the row's own (an expression reading another CTE).
     """
     db = connections[connection.alias]
-    fields, columns = _insertable(model)
+    fields, columns, attnames = _insertable(model)
     rows = []
     for obj in objs:
-        values = [field.pre_save(obj, add=True) for field in fields]
+        # A field's pre_save is its value unless it says otherwise (auto_now...).
+        values = [
+            getattr(obj, attname) if attname else field.pre_save(obj, add=True)
+            for field, attname in zip(fields, attnames, strict=True)
+        ]
         if replace:
             for n, field in enumerate(fields):
                 if field.name in replace:
                     values[n] = replace[field.name](obj)
         rows.append(values)
-    kept = [
-        n
-        for n in range(len(fields))
-        if not all(isinstance(row[n], DatabaseDefault) for row in rows)
-    ]
+    defaults = [isinstance(value, DatabaseDefault) for value in rows[0]]
+    for row in rows[1:]:
+        defaults = [
+            default and isinstance(value, DatabaseDefault)
+            for default, value in zip(defaults, row, strict=True)
+        ]
+    kept = [n for n, default in enumerate(defaults) if not default]
     compiler = None
     params: list[Any] = []
     tuples = []
@@ -701,16 +711,22 @@ def _values_sql(
 
 
 @functools.cache
-def _insertable(model: type[models.Model]) -> tuple[list[models.Field], list[str]]:
-    """The fields an INSERT of ``model`` writes (not its own id, nor generated ones), and
-    their quoted columns."""
+def _insertable(
+    model: type[models.Model],
+) -> tuple[list[models.Field], list[str], list[str | None]]:
+    """The fields an INSERT of ``model`` writes (not its own id, nor generated ones), their
+    quoted columns, and for each whose ``pre_save`` is Django's plain one (the attribute as
+    it is) its attribute's name."""
     meta = model._meta
     fields = [
         field
         for field in meta.concrete_fields
         if not field.generated and field is not meta.auto_field
     ]
-    return fields, [connection.ops.quote_name(field.column) for field in fields]
+    plain = [
+        field.attname if type(field).pre_save is models.Field.pre_save else None for field in fields
+    ]
+    return fields, [connection.ops.quote_name(field.column) for field in fields], plain
 
 
 def _insert_sql(
