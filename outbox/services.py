@@ -624,6 +624,10 @@ class _WithRowId(RawSQL):
 
 _ROW_ID_AS_TEXT = RawSQL('SELECT "id"::text FROM new_row', ())
 
+# The expressions _values_sql writes as RawSQL compiles them: they name no column of a
+# query, so there is nothing to resolve.
+_RAW = frozenset({RawSQL, _WithEventId, _WithRowId})
+
 _ENVELOPE_WITH_EVENT_ID = "jsonb_set(%s::jsonb, '{event_id}', to_jsonb((SELECT id FROM new_event)))"
 # The payload's key is a parameter: a text[] path, '{payload,<key>}'.
 _ENVELOPE_WITH_EVENT_AND_ROW_IDS = (
@@ -693,6 +697,10 @@ def _values_sql(
                 sqls.append("NULL")
             elif isinstance(value, DatabaseDefault):
                 sqls.append("DEFAULT")
+            elif type(value) in _RAW:
+                # What RawSQL compiles to, without resolving a copy of it first.
+                sqls.append(f"({value.sql})")
+                params.extend(value.params)
             elif hasattr(value, "resolve_expression"):
                 if compiler is None:
                     compiler = InsertQuery(model).get_compiler(connection=db)
@@ -715,18 +723,29 @@ def _insertable(
     model: type[models.Model],
 ) -> tuple[list[models.Field], list[str], list[str | None]]:
     """The fields an INSERT of ``model`` writes (not its own id, nor generated ones), their
-    quoted columns, and for each whose ``pre_save`` is Django's plain one (the attribute as
-    it is) its attribute's name."""
+    quoted columns, and for each whose ``pre_save`` gives the attribute as it is, its
+    attribute's name."""
     meta = model._meta
     fields = [
         field
         for field in meta.concrete_fields
         if not field.generated and field is not meta.auto_field
     ]
-    plain = [
-        field.attname if type(field).pre_save is models.Field.pre_save else None for field in fields
-    ]
+    plain = [field.attname if _plain_pre_save(field) else None for field in fields]
     return fields, [connection.ops.quote_name(field.column) for field in fields], plain
+
+
+def _plain_pre_save(field: models.Field) -> bool:
+    """Whether the field's ``pre_save`` gives its attribute as it is."""
+    pre_save = type(field).pre_save
+    if pre_save is models.Field.pre_save:
+        return True
+    # A date's sets the time of the save, but only with auto_now or auto_now_add.
+    return (
+        pre_save in (models.DateField.pre_save, models.DateTimeField.pre_save)
+        and not field.auto_now
+        and not field.auto_now_add
+    )
 
 
 def _insert_sql(
