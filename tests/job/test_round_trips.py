@@ -7,6 +7,7 @@ counts are a ceiling that says what each statement is for, not a timing.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -19,6 +20,8 @@ from job.models import Job
 from outbox.models import Event, OutboxMessage, TaskRun
 from tests.clients import client_of
 from tests.factories import AutomationFactory, PlatformAdminFactory, UserFactory
+from webhook.models import WebhookDelivery
+from webhook.services import endpoint_create
 
 # Outside the request's transaction: the caller (authentication). The automation's terms
 # (active, its schema) are those the process kept from an earlier request: the job's
@@ -115,6 +118,32 @@ def test_a_post_with_an_idempotency_key_adds_the_lookup_and_one_savepoint_only()
     ]
     # A replay reads and writes nothing more than the job it returns.
     assert sent_again == ["SELECT users", "SELECT jobs"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_endpoint_that_wants_job_created_gets_its_delivery_naming_the_job(settings):
+    """The listener runs after the one statement, in its transaction: it reads the job that
+    statement wrote, and its rows commit with it."""
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES = True
+    user = UserFactory()
+    automation = AutomationFactory()
+    endpoint = endpoint_create(
+        tenant=user.tenant, url="http://127.0.0.1:9/hooks", event_types=["JobCreated"], actor=user
+    )
+    client = client_of(user, token=True)
+
+    response, sent = post_job(client, automation)
+
+    assert response.status_code == 201, response.json()
+    assert sent[-1] == "COMMIT" and sent.count("BEGIN") == 1
+    job_id = response.json()["id"]
+    event = Event.objects.get(type="JobCreated", aggregate_id=str(job_id))
+    delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+    assert delivery.event_id == event.pk
+    body = json.loads(delivery.body)
+    assert body["data"]["job_id"] == job_id
+    assert body["data"]["job"]["id"] == job_id
+    assert delivery.scheduled_run_id is not None
 
 
 @pytest.mark.django_db(transaction=True)
