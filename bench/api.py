@@ -491,7 +491,11 @@ def main() -> None:
     rare = AutomationFactory()
     token = issue_access_token(person).token
     if args.only in (None, "inprocess"):
-        in_process(token, automations[0].id, requests=args.inprocess_requests)
+        try:
+            in_process(token, automations[0].id, requests=args.inprocess_requests)
+        finally:
+            # Its POSTs woke the relay too.
+            redis_client().delete(settings.OUTBOX_WAKE_KEY)
         if args.only == "inprocess":
             empty_database()
             return
