@@ -6,10 +6,15 @@ everyone else the active ones only. A retired automation is then "not found" for
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from django.db import models
 from django.db.models import Q, QuerySet
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import MD5, Cast
 
 from automation.models import Automation, Worker
 from common.errors import NotFound
@@ -24,6 +29,53 @@ def automation_get(automation_id: int, *, active_only: bool = False) -> Automati
     if active_only:
         queryset = queryset.filter(is_active=True)
     return queryset.filter(pk=automation_id).first()
+
+
+@dataclass(frozen=True)
+class JobTerms:
+    """What a new job of an automation is checked against: whether the automation is
+    active, and its parameter schema. ``schema_digest`` names the schema as stored (the
+    MD5 of its jsonb text), for ``automation_id_on_terms``."""
+
+    automation_id: int
+    is_active: bool
+    params_schema: dict[str, Any] | None
+    schema_digest: str | None
+
+
+def automation_job_terms(automation_id: int) -> JobTerms | None:
+    """The automation's terms for new jobs as they are now; None when there is none."""
+    row = (
+        Automation.objects.filter(pk=automation_id)
+        .values_list(
+            "is_active",
+            Cast("params_schema", models.TextField()),
+            MD5(Cast("params_schema", models.TextField())),
+        )
+        .first()
+    )
+    if row is None:
+        return None
+    is_active, schema, digest = row
+    return JobTerms(
+        automation_id, is_active, None if schema is None else json.loads(schema), digest
+    )
+
+
+_ID = models.BigIntegerField()
+
+
+def automation_id_on_terms(terms: JobTerms) -> RawSQL:
+    """The automation's id while it still has ``terms`` (active, the same schema), else
+    NULL, evaluated by the statement it is part of: a new job's automation column, which
+    refuses NULL, so that a job checked against terms read before its transaction is
+    written only if they still hold when it is."""
+    return RawSQL(
+        'SELECT "id" FROM "automations" WHERE "id" = %s AND "is_active" '
+        'AND md5("params_schema"::text) IS NOT DISTINCT FROM %s',
+        (terms.automation_id, terms.schema_digest),
+        output_field=_ID,
+    )
 
 
 def automation_get_by_slug(slug: str) -> Automation | None:

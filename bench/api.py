@@ -6,6 +6,13 @@
     in interleaved rounds (the order alternates from round to round), each endpoint driven
     by the same number of client threads for the same time; medians of the rates and of
     the per-round ratios.
+(0) In one process (``--only inprocess``): both requests through Django's test client, no
+    HTTP and no gunicorn, DEBUG off: the statements each sends, the CPU and wall time of
+    each, and where a POST's CPU goes (cProfile, CPU time, the project's functions by
+    cumulative time); then the round trips to PostgreSQL each request makes, counted
+    through a proxy that holds every packet ``ROUND_TRIP_DELAY`` (a request's time is then
+    that many delays, whatever the machine's load), the connection's health check and
+    psycopg's BEGIN included. Load-independent evidence beside (1).
 (2) The list at scale: ``--jobs`` jobs (1,000,000 by default) bulk-loaded for one tenant
     with ``generate_series`` (not through the API), then ``GET /api/v1/jobs`` with each
     filter alone, the first page and the pages after it (the cursor), one client;
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import base64
 import http.client
+import itertools
 import json
 import os
 import signal
@@ -143,6 +151,140 @@ def throughput(
         f"  ratio POST/GET median {statistics.median(ratios):.2f} "
         f"(rounds {min(ratios):.2f}-{max(ratios):.2f})"
     )
+
+
+def in_process(token: str, automation_id: int, *, requests: int) -> None:
+    """Both requests in this process: statements, CPU and wall time, a POST's profile."""
+    import cProfile
+    import pstats
+
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client(HTTP_HOST="127.0.0.1", HTTP_AUTHORIZATION=f"Bearer {token}")
+    body = json.dumps({"automation": automation_id, "params": {"invoice": 42}})
+    calls = {
+        "GET /api/v1/me": lambda: client.get("/api/v1/me"),
+        "POST /api/v1/jobs": lambda: client.post(
+            "/api/v1/jobs", body, content_type="application/json"
+        ),
+    }
+    print(f"(0) in one process (test client, DEBUG off), {requests} requests of each")
+    for name, call in calls.items():
+        for _ in range(50):  # warm: imports, the connection, what the process keeps
+            call()
+        with CaptureQueriesContext(connection) as captured:
+            status = call().status_code
+        if status >= 300:
+            raise SystemExit(f"{name}: {status}")
+        sent = [_statement(query["sql"]) for query in captured.captured_queries]
+        cpu, wall = time.process_time(), time.perf_counter()
+        for _ in range(requests):
+            call()
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        print(
+            f"  {name:<20} CPU {cpu / requests * 1000:.2f} ms, wall {wall / requests * 1000:.2f} "
+            f"ms per request; {len(sent)} statements: {', '.join(sent)}"
+        )
+    # Under gunicorn each request also pays CONN_HEALTH_CHECKS' SELECT 1 (the test client
+    # does not end the request's connection use, so it is not seen here).
+    profile = cProfile.Profile(time.process_time)
+    profile.enable()
+    for _ in range(requests):
+        calls["POST /api/v1/jobs"]()
+    profile.disable()
+    stats = pstats.Stats(profile).stats
+    own = [
+        (cumulative, f"{Path(file).relative_to(ROOT)}:{line}({function})")
+        for (file, line, function), (_, _, _, cumulative, _) in stats.items()
+        if file.startswith(str(ROOT)) and "/.venv/" not in file and "/bench/" not in file
+    ]
+    total = sum(own_time for (_, _, own_time, _, _) in stats.values())
+    print(
+        f"  where a POST's CPU goes (cProfile, which slows it down: {total / requests * 1000:.1f} "
+        "ms a request profiled), the project's functions by cumulative share:"
+    )
+    # The middleware around everything says nothing: the view and below.
+    for cumulative, where in sorted(own, reverse=True)[:20]:
+        if cumulative < 0.9 * total:
+            print(f"    {cumulative / total:>5.0%}  {where}")
+    round_trips(calls)
+
+
+# What the proxy of ``round_trips`` holds each packet: far above a request's own time.
+ROUND_TRIP_DELAY = 0.05
+
+
+def round_trips(calls: dict) -> None:
+    """Each request's round trips to PostgreSQL, through a proxy that delays each packet."""
+    import asyncio
+
+    from django.db import close_old_connections, connections
+
+    async def forward(reader, writer):
+        try:
+            while data := await reader.read(65536):
+                await asyncio.sleep(ROUND_TRIP_DELAY / 2)
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    db = connections["default"]
+    target = (db.settings_dict["HOST"] or "127.0.0.1", int(db.settings_dict["PORT"] or 5432))
+
+    async def handle(client_reader, client_writer):
+        server_reader, server_writer = await asyncio.open_connection(*target)
+        await asyncio.gather(
+            forward(client_reader, server_writer), forward(server_reader, client_writer)
+        )
+
+    ports: list[int] = []
+
+    def serve() -> None:
+        async def main() -> None:
+            server = await asyncio.start_server(handle, "127.0.0.1", 0)
+            ports.append(server.sockets[0].getsockname()[1])
+            await server.serve_forever()
+
+        asyncio.run(main())
+
+    threading.Thread(target=serve, daemon=True).start()
+    while not ports:
+        time.sleep(0.01)
+    saved = dict(db.settings_dict)
+    db.close()
+    db.settings_dict.update(HOST="127.0.0.1", PORT=str(ports[0]))
+    print(f"  round trips to PostgreSQL (each packet held {ROUND_TRIP_DELAY * 1000:.0f} ms):")
+    try:
+        for name, call in calls.items():
+            call()  # the connection opened, the process's terms of the automation kept
+            counts = []
+            for _ in range(5):
+                # What gunicorn's request_started does: the next query checks the
+                # connection first (CONN_HEALTH_CHECKS' SELECT 1).
+                close_old_connections()
+                began = time.perf_counter()
+                call()
+                counts.append((time.perf_counter() - began) / ROUND_TRIP_DELAY)
+            print(f"    {name:<20} {statistics.median(counts):.1f}")
+    finally:
+        db.close()
+        db.settings_dict.clear()
+        db.settings_dict.update(saved)
+
+
+def _statement(sql: str) -> str:
+    """A statement as its verb and tables: ``SELECT users``, ``INSERT jobs + events``."""
+    words = sql.replace('"', "").split()
+    verb = words[0].upper()
+    if verb == "SELECT":
+        return f"SELECT {words[words.index('FROM') + 1]}" if "FROM" in words else "SELECT"
+    if verb in ("INSERT", "WITH"):
+        return "INSERT " + " + ".join(
+            word for before, word in itertools.pairwise(words) if before == "INTO"
+        )
+    return verb
 
 
 def bulk_load(*, tenant_id: int, user_id: int, automation_ids: list[int], rare_id: int, jobs: int):
@@ -319,7 +461,10 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1_000_000, help="jobs loaded for the list")
     parser.add_argument("--requests", type=int, default=200, help="list requests per filter")
     parser.add_argument("--pages", type=int, default=5, help="pages followed per walk")
-    parser.add_argument("--only", choices=("throughput", "list"))
+    parser.add_argument(
+        "--inprocess-requests", type=int, default=500, help="requests of each, in process"
+    )
+    parser.add_argument("--only", choices=("inprocess", "throughput", "list"))
     parser.add_argument(
         "--without-list-indexes",
         action="store_true",
@@ -345,6 +490,15 @@ def main() -> None:
     automations = [AutomationFactory() for _ in range(20)]
     rare = AutomationFactory()
     token = issue_access_token(person).token
+    if args.only in (None, "inprocess"):
+        try:
+            in_process(token, automations[0].id, requests=args.inprocess_requests)
+        finally:
+            # Its POSTs woke the relay too.
+            redis_client().delete(settings.OUTBOX_WAKE_KEY)
+        if args.only == "inprocess":
+            empty_database()
+            return
     port = free_port()
     server = start_gunicorn(port, args.workers)
     try:

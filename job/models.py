@@ -235,9 +235,10 @@ class Job(models.Model):
 
     def _event(self, name: str, **extra: Any) -> JobEvent:
         # job_id and automation_id are ints: the automation's own queue is routed by them.
-        return JobEvent(
-            name, {"job_id": int(self.pk), "automation_id": int(self.automation_id), **extra}
-        )
+        # A job not yet written has no id: its JobCreated takes it as it is written
+        # (``outbox.services.publish_new``).
+        job_id = None if self.pk is None else int(self.pk)
+        return JobEvent(name, {"job_id": job_id, "automation_id": int(self.automation_id), **extra})
 
     def created_event(self) -> JobEvent:
         return self._event(

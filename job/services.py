@@ -22,12 +22,12 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from automation.params_schema import UnusableSchema, params_errors
-from automation.selectors import automation_get
+from automation.selectors import JobTerms, automation_get, automation_id_on_terms
 from automation.services import worker_seen
 from common import tracing
-from common.errors import Conflict, InvalidInput, NotFound
+from common.errors import Conflict, DomainError, InvalidInput, NotFound
 from identity.selectors import tenant_is_active
-from job import live
+from job import automation_terms, live
 from job.metrics import count_claim_refusal, count_transition_on_commit
 from job.models import Job, JobEvent, JobOutputChunk, JobStatus
 from job.selectors import (
@@ -35,7 +35,7 @@ from job.selectors import (
     job_ids_unfinished_of,
     running_count,
 )
-from outbox.services import publish
+from outbox.services import publish, publish_new
 
 logger = logging.getLogger("hubdommed.job")
 
@@ -86,21 +86,24 @@ def job_create(
     With an ``idempotency_key`` already used by the tenant, returns that job and
     ``created=False`` (when the request is the same one; another request is refused).
 
-    The reads and checks come before the transaction (checking the parameters against the
-    automation's schema may take a while): the transaction holds only the writes, the job
-    and then its event with its outbox rows, one statement each.
+    The checks come before the transaction (checking the parameters against the
+    automation's schema may take a while), against the automation's terms as this process
+    last read them (``job.automation_terms``); the transaction holds only the writes, the
+    job, its event, its runs and its outbox rows in one statement (``_write_created``), and
+    that statement writes them only if the automation still has those terms. When it no
+    longer has them, the job is checked again against its terms of now, and written on
+    them or refused as they say.
     """
     if idempotency_key is not None:
         existing = Job.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:
             return _replayed(existing, automation_id, params, rerun_of), False
 
-    automation = job_automation_check(automation_id=automation_id, params=params)
-
+    terms = _terms_accepting(automation_id, params)
     now = timezone.now()
     job = Job(
         tenant=tenant,
-        automation_id=automation.id,
+        automation_id=terms.automation_id,
         requested_by=requested_by,
         params=params,
         idempotency_key=idempotency_key,
@@ -110,15 +113,61 @@ def job_create(
         updated_at=now,
         traceparent=tracing.current_traceparent() or "",
     )
-    with transaction.atomic():
-        if idempotency_key is None:
-            job.save(force_insert=True)
-        else:
-            existing = _insert_unless_key_taken(job)
-            if existing is not None:
-                return _replayed(existing, automation_id, params, rerun_of), False
-        record_transition(job, job.created_event(), actor=requested_by)
-    return job, True
+    for _ in range(_WRITES_ON_CHANGED_TERMS):
+        try:
+            with transaction.atomic():
+                if idempotency_key is None:
+                    _write_created(job, terms, actor=requested_by)
+                else:
+                    existing = _write_unless_key_taken(job, terms, actor=requested_by)
+                    if existing is not None:
+                        return _replayed(existing, automation_id, params, rerun_of), False
+            return job, True
+        except IntegrityError as exc:
+            if not _terms_changed(exc):
+                raise
+        logger.info("automation %s changed since its terms were read: checked again", automation_id)
+        terms = _terms_accepting(automation_id, params, read=True)
+    raise Conflict("The automation changed while this request ran.", code="concurrent_change")
+
+
+# Writes of one job tried on terms read for it, each time the automation changed between
+# the read and the write: more than once is already a race with its editors.
+_WRITES_ON_CHANGED_TERMS = 3
+
+
+def _terms_accepting(automation_id: int, params: Any, *, read: bool = False) -> JobTerms:
+    """The automation's terms, when they accept a job with ``params`` (else the refusal):
+    those this process keeps unless ``read``; a refusal is decided on terms read for it,
+    so that none comes from terms that changed since."""
+    terms = None if read else automation_terms.cached(automation_id)
+    if terms is not None:
+        try:
+            _check_terms(terms, automation_id, params)
+            return terms
+        except DomainError:
+            now = automation_terms.fresh(automation_id)
+            if now == terms:
+                raise
+            terms = now
+    else:
+        terms = automation_terms.fresh(automation_id)
+    _check_terms(terms, automation_id, params)
+    return terms
+
+
+def _check_terms(terms: JobTerms | None, automation_id: int, params: Any) -> None:
+    if terms is None:
+        raise _unknown_automation()
+    if not terms.is_active:
+        raise _automation_inactive()
+    job_params_check(params, schema=terms.params_schema, automation_id=automation_id)
+
+
+def _terms_changed(exc: IntegrityError) -> bool:
+    """Whether the job's INSERT failed because its automation no longer has the terms the
+    job was checked against (``automation_id_on_terms`` gave the column its NULL)."""
+    return getattr(getattr(exc.__cause__, "diag", None), "column_name", None) == "automation_id"
 
 
 def job_rerun(
@@ -150,16 +199,31 @@ def job_rerun(
     )
 
 
-def _insert_unless_key_taken(job: Job) -> Job | None:
-    """Insert ``job``; or, when a concurrent request with the same idempotency key got
-    there first, return that request's job instead.
+def _write_created(job: Job, terms: JobTerms, *, actor: Any) -> None:
+    """Write the new ``job`` and record its JobCreated, in one statement: the event's
+    payload, its runs' envelopes and its aggregate id take the job's id from its INSERT,
+    and the job its automation only while it has ``terms`` (an IntegrityError otherwise)."""
+    event = job.created_event()
+    job.automation_id = automation_id_on_terms(terms)
+    try:
+        publish_new(
+            event.name, event.payload, row=job, id_key="job_id", tenant=job.tenant_id, actor=actor
+        )
+    finally:
+        job.automation_id = terms.automation_id
+    count_transition(job)
+
+
+def _write_unless_key_taken(job: Job, terms: JobTerms, *, actor: Any) -> Job | None:
+    """Write ``job`` with its JobCreated; or, when a concurrent request with the same
+    idempotency key got there first, return that request's job instead (nothing written).
 
     A savepoint, needed only with a key: the insert that collides with the other
     request's waits for it to commit, fails, and the rest of the transaction carries on.
     """
     try:
         with transaction.atomic():
-            job.save(force_insert=True)
+            _write_created(job, terms, actor=actor)
     except IntegrityError:
         existing = Job.objects.filter(
             tenant=job.tenant_id, idempotency_key=job.idempotency_key
@@ -191,15 +255,23 @@ def job_automation_check(*, automation_id: int, params: Any) -> Any:
     starts jobs checks here: a request now, a schedule when it is created or resumed."""
     automation = automation_get(automation_id)
     if automation is None:
-        raise InvalidInput(
-            "There is no such automation.",
-            code="unknown_automation",
-            details={"automation": ["There is no such automation."]},
-        )
+        raise _unknown_automation()
     if not automation.is_active:
-        raise Conflict("The automation is inactive.", code="automation_inactive")
+        raise _automation_inactive()
     job_params_check(params, schema=automation.params_schema, automation_id=automation.id)
     return automation
+
+
+def _unknown_automation() -> InvalidInput:
+    return InvalidInput(
+        "There is no such automation.",
+        code="unknown_automation",
+        details={"automation": ["There is no such automation."]},
+    )
+
+
+def _automation_inactive() -> Conflict:
+    return Conflict("The automation is inactive.", code="automation_inactive")
 
 
 def job_params_check(params: Any, *, schema: dict[str, Any] | None, automation_id: int) -> None:

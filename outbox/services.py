@@ -23,6 +23,9 @@ committed the change; it is there only while tracing is on (``common.tracing``).
 ``destination`` is the queue the message belongs to, without the environment's
 prefix: the queue class, or ``automation-<id>`` for an automation's own worker.
 
+``publish_new`` writes a new row of the caller's (a job) in the same statement as the event
+about it, the payload taking the row's id from the row's own INSERT.
+
 The bulk forms write what as many calls of ``dispatch`` or ``publish`` would (one row per
 subscriber of each event, the delay as ``available_at``, one wake after the commit) in a
 few statements for all of them, not a few for each: a batch of due schedules, an event
@@ -31,15 +34,17 @@ fanned out to many.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, models, transaction
+from django.db import connection, connections, models, transaction
 from django.db.models.expressions import DatabaseDefault, RawSQL
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
@@ -332,6 +337,45 @@ def _write_columns(
     return occurred
 
 
+def publish_new(
+    event: str,
+    payload: Mapping[str, Any],
+    *,
+    row: models.Model,
+    id_key: str,
+    tenant: Any = None,
+    actor: Any = None,
+) -> Published:
+    """Write ``row``, a new instance whose id its table draws, and record ``event`` about
+    it: what ``row.save()`` and then ``publish(event, payload, aggregate=row)`` would write,
+    ``payload[id_key]`` and the event's aggregate id being the new row's id. ``row`` gets
+    its id (fields it leaves to a database default are not read back).
+
+    One statement, not two: the row's INSERT is the first of the chained INSERTs, and the
+    event, its runs and its outbox rows take its id from there. A refusal of the row (one
+    of its constraints) writes none of them.
+    """
+    _require_transaction()
+    if not _PAYLOAD_KEY.fullmatch(id_key):
+        raise OutboxError(f"id_key must be a plain key, not {id_key!r}")
+    with tracing.maybe_span(f"outbox.publish {event}", attributes={"hubdommed.event": event}):
+        return _publish(
+            event, payload, tenant=tenant, aggregate=row, actor=actor, new_row=_NewRow(row, id_key)
+        )
+
+
+# A payload's key that publish_new fills with the new row's id.
+_PAYLOAD_KEY = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class _NewRow:
+    """The row publish_new writes before its event, and the payload's key for its id."""
+
+    instance: models.Model
+    id_key: str
+
+
 def publish(
     event: str,
     payload: Mapping[str, Any],
@@ -351,11 +395,23 @@ def publish(
 
 
 def _publish(
-    event: str, payload: Mapping[str, Any], *, tenant: Any, aggregate: Any, actor: Any
+    event: str,
+    payload: Mapping[str, Any],
+    *,
+    tenant: Any,
+    aggregate: Any,
+    actor: Any,
+    new_row: _NewRow | None = None,
 ) -> Published:
     subscribers = get_catalog().subscribers(event)
-    body = _json_object(payload)
-    aggregate_type, aggregate_id = _aggregate_key(aggregate)
+    if new_row is None:
+        body = _json_object(payload)
+        aggregate_type, aggregate_id = _aggregate_key(aggregate)
+    else:
+        # 0 until the row's INSERT gives its id: the shortest an id can be, so that the
+        # size checked before the write is the smallest the envelope can have.
+        body = _json_object({**payload, new_row.id_key: 0})
+        aggregate_type, aggregate_id = aggregate._meta.object_name, ""
     tenant_id = _id_of(tenant)
     # Every refusal (a payload missing its routing key, an envelope too large) is found
     # before anything is written, so that none leaves a trail row behind; no savepoint
@@ -370,7 +426,7 @@ def _publish(
         payload=json.loads(body),
         correlation_id=get_correlation_id(),
     )
-    event_id = runs.write_with_event(record)
+    event_id = runs.write_with_event(record, new_row=new_row)
     # Apps that keep rows of their own for each event (webhook deliveries) write them now,
     # in the caller's transaction. A listener that fails fails the publish, which leaves
     # nothing behind, as any refusal of ``publish`` (each listener writes its rows in one
@@ -382,14 +438,14 @@ def _publish(
                 type=event,
                 tenant_id=tenant_id,
                 aggregate_type=aggregate_type,
-                aggregate_id=aggregate_id,
+                aggregate_id=record.aggregate_id,
                 payload=record.payload,
                 occurred_at=record.occurred_at,
             )
         )
     except Exception:
         if not connection.needs_rollback:
-            runs.undo(event_id)
+            runs.undo(event_id, new_row=new_row)
         raise
     return Published(event_id=event_id, run_ids=tuple(runs.run_ids))
 
@@ -440,48 +496,86 @@ class _Runs:
             self._execute(with_event=None)
         return self.run_ids
 
-    def write_with_event(self, event: Event) -> int:
+    def write_with_event(self, event: Event, *, new_row: _NewRow | None = None) -> int:
         """Write the event's trail row, the outbox rows and their runs, in one statement
-        (the envelopes take the new row's id there). Returns the event's id; ``event``
-        gets its id and the database's ``occurred_at``."""
-        event_id, event.occurred_at = self._execute(with_event=event)
+        (the envelopes take the new row's id there); and first ``new_row``, whose id the
+        event's payload and aggregate id take. Returns the event's id; ``event`` gets its
+        id and the database's ``occurred_at``."""
+        event_id, event.occurred_at, row_id = self._execute(with_event=event, new_row=new_row)
         event.pk = event_id
+        # The id's digits in place of the null (event_id) and the 0 (the row's) measured.
+        grown = len(str(event_id)) - _NULL_ID_LENGTH
+        if new_row is not None:
+            row = new_row.instance
+            row.pk, row._state.adding, row._state.db = row_id, False, connection.alias
+            event.aggregate_id = str(row_id)
+            event.payload[new_row.id_key] = row_id
+            grown += len(str(row_id)) - 1
         for message, size in zip(self.messages, self.sizes, strict=True):
             message.envelope["event_id"] = event_id
+            if new_row is not None:
+                message.envelope["payload"][new_row.id_key] = row_id
             try:
-                _check_size(message.envelope["task"], size - _NULL_ID_LENGTH + len(str(event_id)))
+                _check_size(message.envelope["task"], size + grown)
             except EnvelopeTooLarge:
-                # Only an envelope within a few bytes of the limit gets here: the id,
+                # Only an envelope within a few bytes of the limit gets here: the ids,
                 # known only now, made it longer than the check before could tell.
-                self.undo(event_id)
+                self.undo(event_id, new_row=new_row)
                 raise
         return event_id
 
-    def undo(self, event_id: int | None) -> None:
+    def undo(self, event_id: int | None, *, new_row: _NewRow | None = None) -> None:
         """Delete what ``write_with_event`` wrote, for a publish refused after it."""
         Event.objects.filter(pk=event_id).delete()
         self.model.objects.filter(run_id__in=self.run_ids).delete()
         TaskRun.objects.filter(run_id__in=self.run_ids).delete()
+        if new_row is not None:
+            row = new_row.instance
+            # The row as written, without the cascade a model's delete() collects: nothing
+            # can point at a row this transaction has just written and not shown to anyone.
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"DELETE FROM {connection.ops.quote_name(row._meta.db_table)} "  # noqa: S608 (the model's own table; the id a parameter)
+                    f"WHERE {connection.ops.quote_name(row._meta.pk.column)} = %s",
+                    [row.pk],
+                )
+            row.pk, row._state.adding = None, True
 
-    def _execute(self, *, with_event: Event | None) -> tuple[int | None, datetime | None]:
+    def _execute(
+        self, *, with_event: Event | None, new_row: _NewRow | None = None
+    ) -> tuple[int | None, datetime | None, int | None]:
         """One statement for every row: a round trip, not one per table.
 
-        The INSERTs are the ones ``bulk_create`` would send, built from the models, and
-        chained as data-modifying CTEs; the envelopes read the event's id from its CTE.
+        The INSERTs write what ``bulk_create`` would, and are chained as data-modifying
+        CTEs; the envelopes read the event's id from its CTE, and the event and the
+        envelopes the new row's id from the row's.
         """
         parts, params = [], []
+        row_key = None
+        if new_row is not None:
+            row, row_key = new_row.instance, new_row.id_key
+            sql, values = _rows_sql(type(row), [row])
+            pk = connection.ops.quote_name(row._meta.pk.column)
+            parts.append(f'new_row AS ({sql} RETURNING {pk} AS "id")')
+            params.extend(values)
+        envelope = None
         if with_event is not None:
-            sql, values = _insert_sql(Event, [with_event])
+            event_values = None
+            if row_key is not None:
+                event_values = {
+                    "aggregate_id": lambda _: _ROW_ID_AS_TEXT,
+                    "payload": lambda event: _WithRowId(event.payload, row_key),
+                }
+            sql, values = _rows_sql(Event, [with_event], replace=event_values)
             parts.append(f'new_event AS ({sql} RETURNING "id", "occurred_at")')
             params.extend(values)
-            for message in self.messages:
-                message.envelope = _WithEventId(message.envelope)
+            envelope = {"envelope": lambda message: _WithEventId(message.envelope, row_key=row_key)}
         if self.runs:
-            sql, values = _insert_sql(TaskRun, self.runs)
+            sql, values = _rows_sql(TaskRun, self.runs)
             parts.append(f"new_runs AS ({sql})")
             params.extend(values)
         if self.messages:
-            sql, values = _insert_sql(self.model, self.messages)
+            sql, values = _rows_sql(self.model, self.messages, replace=envelope)
             parts.append(f"new_messages AS ({sql})")
             params.extend(values)
         result = (
@@ -489,28 +583,169 @@ class _Runs:
             if with_event is not None
             else "NULL, NULL"
         )
+        result += ", (SELECT id FROM new_row)" if new_row is not None else ", NULL"
         with connection.cursor() as cursor:
             cursor.execute(f"WITH {', '.join(parts)} SELECT {result}", params)
-            event_id, occurred_at = cursor.fetchone()
-        for message in self.messages:
-            if isinstance(message.envelope, _WithEventId):
-                message.envelope = message.envelope.envelope
+            event_id, occurred_at, row_id = cursor.fetchone()
         if self.messages:
             signal_relay_on_commit()
-        return event_id, occurred_at
+        return event_id, occurred_at, row_id
+
+
+# The output field of the expressions below: one for all, as a Value's would be.
+_JSON = models.JSONField()
 
 
 class _WithEventId(RawSQL):
     """An envelope whose ``event_id`` is the id of the event written in the same
-    statement (the ``new_event`` CTE)."""
+    statement (the ``new_event`` CTE), and whose payload's ``row_key``, when given, the id
+    of the row written there (the ``new_row`` CTE)."""
 
-    def __init__(self, envelope: dict[str, Any]) -> None:
-        self.envelope = envelope
+    def __init__(self, envelope: dict[str, Any], *, row_key: str | None = None) -> None:
+        body = json.dumps(envelope, separators=(",", ":"))
+        if row_key is None:
+            sql, params = _ENVELOPE_WITH_EVENT_ID, (body,)
+        else:
+            sql, params = _ENVELOPE_WITH_EVENT_AND_ROW_IDS, (body, f"{{payload,{row_key}}}")
+        super().__init__(sql, params, output_field=_JSON)
+
+
+class _WithRowId(RawSQL):
+    """An event's payload whose ``key`` is the id of the row written in the same statement
+    (the ``new_row`` CTE)."""
+
+    def __init__(self, payload: dict[str, Any], key: str) -> None:
         super().__init__(
-            "jsonb_set(%s::jsonb, '{event_id}', to_jsonb((SELECT id FROM new_event)))",
-            (json.dumps(envelope, separators=(",", ":")),),
-            output_field=models.JSONField(),
+            "jsonb_set(%s::jsonb, %s::text[], to_jsonb((SELECT id FROM new_row)))",
+            (json.dumps(payload, separators=(",", ":")), f"{{{key}}}"),
+            output_field=_JSON,
         )
+
+
+_ROW_ID_AS_TEXT = RawSQL('SELECT "id"::text FROM new_row', ())
+
+# The expressions _values_sql writes as RawSQL compiles them: they name no column of a
+# query, so there is nothing to resolve.
+_RAW = frozenset({RawSQL, _WithEventId, _WithRowId})
+
+_ENVELOPE_WITH_EVENT_ID = "jsonb_set(%s::jsonb, '{event_id}', to_jsonb((SELECT id FROM new_event)))"
+# The payload's key is a parameter: a text[] path, '{payload,<key>}'.
+_ENVELOPE_WITH_EVENT_AND_ROW_IDS = (
+    "jsonb_set(jsonb_set(%s::jsonb, '{event_id}', to_jsonb((SELECT id FROM new_event))), "
+    "%s::text[], to_jsonb((SELECT id FROM new_row)))"
+)
+
+
+# Rows of a model that one INSERT … VALUES carries; more go as arrays (``_insert_sql``).
+_FEW_ROWS = 16
+
+
+def _rows_sql(
+    model: type[models.Model],
+    objs: list[models.Model],
+    *,
+    replace: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> tuple[str, list[Any]]:
+    """The INSERT of ``objs``: ``_values_sql`` for a few rows, ``_insert_sql`` for many."""
+    if replace is None and len(objs) > _FEW_ROWS:
+        return _insert_sql(model, objs)
+    return _values_sql(model, objs, replace=replace)
+
+
+def _values_sql(
+    model: type[models.Model],
+    objs: list[models.Model],
+    *,
+    replace: Mapping[str, Callable[[Any], Any]] | None = None,
+) -> tuple[str, list[Any]]:
+    """``INSERT … VALUES (…), …`` of ``objs``, the values ``bulk_create`` would send (each
+    field's ``pre_save`` and ``get_db_prep_save``), built without the compiler (most of
+    a publish's time went into compiling its few rows): a value is a parameter, None the
+    literal NULL, an expression its own SQL, a database default DEFAULT, and a column every
+    row leaves to its default is left out. ``replace`` gives, by field name, the value to
+    write instead of the row's own (an expression reading another CTE).
+    """
+    db = connections[connection.alias]
+    fields, columns, attnames = _insertable(model)
+    rows = []
+    for obj in objs:
+        # A field's pre_save is its value unless it says otherwise (auto_now...).
+        values = [
+            getattr(obj, attname) if attname else field.pre_save(obj, add=True)
+            for field, attname in zip(fields, attnames, strict=True)
+        ]
+        if replace:
+            for n, field in enumerate(fields):
+                if field.name in replace:
+                    values[n] = replace[field.name](obj)
+        rows.append(values)
+    defaults = [isinstance(value, DatabaseDefault) for value in rows[0]]
+    for row in rows[1:]:
+        defaults = [
+            default and isinstance(value, DatabaseDefault)
+            for default, value in zip(defaults, row, strict=True)
+        ]
+    kept = [n for n, default in enumerate(defaults) if not default]
+    compiler = None
+    params: list[Any] = []
+    tuples = []
+    for row in rows:
+        sqls = []
+        for n in kept:
+            value = row[n]
+            if value is None:
+                sqls.append("NULL")
+            elif isinstance(value, DatabaseDefault):
+                sqls.append("DEFAULT")
+            elif type(value) in _RAW:
+                # What RawSQL compiles to, without resolving a copy of it first.
+                sqls.append(f"({value.sql})")
+                params.extend(value.params)
+            elif hasattr(value, "resolve_expression"):
+                if compiler is None:
+                    compiler = InsertQuery(model).get_compiler(connection=db)
+                sql, values = _compiled(compiler, value)
+                sqls.append(sql)
+                params.extend(values)
+            else:
+                prepared = fields[n].get_db_prep_save(value, db)
+                sqls.append("NULL" if prepared is None else "%s")
+                if prepared is not None:
+                    params.append(prepared)
+        tuples.append(f"({', '.join(sqls)})")
+    names = ", ".join(columns[n] for n in kept)
+    table = db.ops.quote_name(model._meta.db_table)
+    return f"INSERT INTO {table} ({names}) VALUES {', '.join(tuples)}", params  # noqa: S608 (names and expressions of the model, every value a parameter)
+
+
+@functools.cache
+def _insertable(
+    model: type[models.Model],
+) -> tuple[list[models.Field], list[str], list[str | None]]:
+    """The fields an INSERT of ``model`` writes (not its own id, nor generated ones), their
+    quoted columns, and for each whose ``pre_save`` gives the attribute as it is, its
+    attribute's name."""
+    meta = model._meta
+    fields = [
+        field
+        for field in meta.concrete_fields
+        if not field.generated and field is not meta.auto_field
+    ]
+    plain = [field.attname if _plain_pre_save(field) else None for field in fields]
+    return fields, [connection.ops.quote_name(field.column) for field in fields], plain
+
+
+def _plain_pre_save(field: models.Field) -> bool:
+    """Whether the field's ``pre_save`` gives its attribute as it is."""
+    pre_save = type(field).pre_save
+    if pre_save is models.Field.pre_save:
+        return True
+    # A date's sets the time of the save, but only with auto_now or auto_now_add.
+    return (
+        pre_save in (models.DateField.pre_save, models.DateTimeField.pre_save)
+        and not field.auto_now
+        and not field.auto_now_add
+    )
 
 
 def _insert_sql(

@@ -80,15 +80,14 @@ def test_job_created_and_its_outbox_rows_are_written_in_the_transaction_of_the_n
 
     assert response.status_code == 201, response.json()
     # As POST /jobs writes a job (tests/job/test_round_trips.py), after the reads of the
-    # job run again and of its tenant: one transaction, the job then its event and rows.
+    # job run again and of its tenant: one transaction, the job with its event and rows.
     assert statements(captured.captured_queries) == [
         "SELECT users",
         "SELECT jobs",
         "SELECT tenants",
         "SELECT automations",
         "BEGIN",
-        "INSERT jobs",
-        "INSERT events + task_runs + outbox_messages",
+        "INSERT jobs + events + task_runs + outbox_messages",
         "SELECT webhook_endpoints",
         "COMMIT",
     ]

@@ -7,6 +7,7 @@ counts are a ceiling that says what each statement is for, not a timing.
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -14,25 +15,29 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from identity.services import tenant_deactivate, user_deactivate
+from job import automation_terms
 from job.models import Job
 from outbox.models import Event, OutboxMessage, TaskRun
 from tests.clients import client_of
 from tests.factories import AutomationFactory, PlatformAdminFactory, UserFactory
+from webhook.models import WebhookDelivery
+from webhook.services import endpoint_create
 
-# Outside the request's transaction: the caller (authentication) and the automation
-# with its schema (the checks before the writes).
-# Inside it: BEGIN, the job, then JobCreated in the trail with its runs and outbox rows
-# (one statement), the tenant's webhook endpoints that want the event (none here: nothing
+# Outside the request's transaction: the caller (authentication). The automation's terms
+# (active, its schema) are those the process kept from an earlier request: the job's
+# INSERT checks that they still hold (tests/job/test_automation_terms.py).
+# Inside it: BEGIN, the job with JobCreated in the trail and its runs and outbox rows (one
+# statement), the tenant's webhook endpoints that want the event (none here: nothing
 # more is written), COMMIT.
 POST_STATEMENTS = [
     "SELECT users",
-    "SELECT automations",
     "BEGIN",
-    "INSERT jobs",
-    "INSERT events + task_runs + outbox_messages",
+    "INSERT jobs + events + task_runs + outbox_messages",
     "SELECT webhook_endpoints",
     "COMMIT",
 ]
+# The first job of an automation in a process reads its terms first.
+FIRST_POST_STATEMENTS = [POST_STATEMENTS[0], "SELECT automations", *POST_STATEMENTS[1:]]
 
 
 def statements(captured) -> list[str]:
@@ -66,20 +71,25 @@ def post_job(client, automation, **headers):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_post_is_seven_round_trips_without_a_savepoint():
+def test_a_post_is_five_round_trips_without_a_savepoint():
     user = UserFactory()
     automation = AutomationFactory()
     client = client_of(user, token=True)
+    automation_terms.forget_all()
 
+    first, sent_first = post_job(client, automation)
     response, sent = post_job(client, automation)
 
+    assert first.status_code == 201, first.json()
+    assert sent_first == FIRST_POST_STATEMENTS
     assert response.status_code == 201, response.json()
     assert sent == POST_STATEMENTS
-    # What those statements wrote is all there, committed together.
+    # What those statements wrote is all there, committed together, each naming the job.
     job = Job.objects.get(pk=response.json()["id"])
     event = Event.objects.get(aggregate_type="Job", aggregate_id=str(job.pk))
+    assert event.payload["job_id"] == job.pk
     messages = OutboxMessage.objects.filter(envelope__event_id=event.pk)
-    assert messages.count() == 2
+    assert [message.envelope["payload"] for message in messages] == [event.payload] * 2
     assert TaskRun.objects.filter(run_id__in=messages.values("run_id")).count() == 1
 
 
@@ -88,6 +98,7 @@ def test_a_post_with_an_idempotency_key_adds_the_lookup_and_one_savepoint_only()
     user = UserFactory()
     automation = AutomationFactory()
     client = client_of(user, token=True)
+    automation_terms.forget_all()
 
     first, sent = post_job(client, automation, HTTP_IDEMPOTENCY_KEY="order-1")
     again, sent_again = post_job(client, automation, HTTP_IDEMPOTENCY_KEY="order-1")
@@ -97,17 +108,42 @@ def test_a_post_with_an_idempotency_key_adds_the_lookup_and_one_savepoint_only()
     assert sent == [
         "SELECT users",
         "SELECT jobs",  # the key's earlier job, if any
-        "SELECT automations",
+        "SELECT automations",  # the first job of the automation in this process
         "BEGIN",
         "SAVEPOINT",  # a concurrent request with the same key may win the insert
-        "INSERT jobs",
-        "RELEASE",
-        "INSERT events + task_runs + outbox_messages",
+        "INSERT jobs + events + task_runs + outbox_messages",
         "SELECT webhook_endpoints",
+        "RELEASE",
         "COMMIT",
     ]
     # A replay reads and writes nothing more than the job it returns.
     assert sent_again == ["SELECT users", "SELECT jobs"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_endpoint_that_wants_job_created_gets_its_delivery_naming_the_job(settings):
+    """The listener runs after the one statement, in its transaction: it reads the job that
+    statement wrote, and its rows commit with it."""
+    settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES = True
+    user = UserFactory()
+    automation = AutomationFactory()
+    endpoint = endpoint_create(
+        tenant=user.tenant, url="http://127.0.0.1:9/hooks", event_types=["JobCreated"], actor=user
+    )
+    client = client_of(user, token=True)
+
+    response, sent = post_job(client, automation)
+
+    assert response.status_code == 201, response.json()
+    assert sent[-1] == "COMMIT" and sent.count("BEGIN") == 1
+    job_id = response.json()["id"]
+    event = Event.objects.get(type="JobCreated", aggregate_id=str(job_id))
+    delivery = WebhookDelivery.objects.get(endpoint=endpoint)
+    assert delivery.event_id == event.pk
+    body = json.loads(delivery.body)
+    assert body["data"]["job_id"] == job_id
+    assert body["data"]["job"]["id"] == job_id
+    assert delivery.scheduled_run_id is not None
 
 
 @pytest.mark.django_db(transaction=True)
