@@ -67,6 +67,7 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from bench.database import ensure_migrated  # noqa: E402
 from bench.load import add_load_arguments, require_quiet  # noqa: E402
 from identity.tokens import issue_access_token  # noqa: E402
 from outbox.wake import redis_client  # noqa: E402
@@ -479,8 +480,7 @@ def main() -> None:
     name = settings.DATABASES["default"]["NAME"]
     if "bench" not in name:
         raise SystemExit(f"refusing to empty {name!r}: give DATABASE_URL a *bench* database")
-    subprocess.run([sys.executable, "scripts/ensure_database.py"], cwd=ROOT, check=True)
-    call_command("migrate", verbosity=0)
+    ensure_migrated()
     restore_list_indexes()  # a run --without-list-indexes may have crashed
     empty_database()
 

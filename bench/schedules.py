@@ -55,11 +55,11 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from automation.models import Automation  # noqa: E402
+from bench.database import ensure_migrated  # noqa: E402
 from bench.load import add_load_arguments, load_note, require_quiet  # noqa: E402
 from identity.models import Tenant  # noqa: E402
 from job.models import Job  # noqa: E402
@@ -331,8 +331,7 @@ def main() -> None:
     require_quiet(args)
     if args.smoke:
         args.schedules, args.rounds = 100, 1
-    subprocess.run([sys.executable, "scripts/ensure_database.py"], cwd=ROOT, check=True)
-    call_command("migrate", verbosity=0)
+    ensure_migrated()
     if args.steps:
         steps(args.steps, args.schedules)
         return

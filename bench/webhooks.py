@@ -6,7 +6,7 @@ delivery latency.
         .venv/bin/python bench/webhooks.py [--deliveries N] [--rounds K] [--rate R] \\
         [--seconds S] [--concurrency C]
 
-The database must be migrated (``manage.py migrate``). The relay (``manage.py run_relay``) and
+The database is created and migrated if needed. The relay (``manage.py run_relay``) and
 one background worker (``manage.py run_worker --queues default``) run as real processes, with
 broker names and a Redis prefix of this run's own; the receivers are HTTP servers on loopback
 in this process (``WEBHOOK_ALLOW_PRIVATE_ADDRESSES=true``), the timeouts are the production
@@ -64,6 +64,7 @@ from django.conf import settings  # noqa: E402
 from django.db import transaction  # noqa: E402
 
 from automation.models import Automation  # noqa: E402
+from bench.database import ensure_migrated  # noqa: E402
 from bench.load import add_load_arguments, load_note, require_quiet  # noqa: E402
 from broker import topology  # noqa: E402
 from identity.models import Tenant  # noqa: E402
@@ -400,6 +401,7 @@ def main() -> None:
     add_load_arguments(parser)
     args = parser.parse_args()
     require_quiet(args)
+    ensure_migrated()
 
     sector = Sector.objects.create(name=f"Bench {TAG}", slug=f"bench-{TAG}")
     receivers = [Receiver() for _ in range(HEALTHY_TENANTS)]

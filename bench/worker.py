@@ -5,7 +5,7 @@ broker consumed raw and, on RabbitMQ, against Celery 5, in interleaved rounds.
         .venv/bin/python bench/worker.py [--rabbitmq N] [--sqs N] [--concurrency C] \\
         [--rounds R] [--no-celery]
 
-The database must be migrated (``manage.py migrate``); Celery is the optional ``bench``
+The database is created and migrated if needed; Celery is the optional ``bench``
 dependency (``pip install -e '.[bench]'``). SQS is moto's server on loopback, started here.
 Everything lives under the queue prefix ``benchw-`` and the exchange ``dom_med_benchw``,
 and its rows are the ``bench.noop`` task's: all of it is purged at start (a crashed run
@@ -66,6 +66,7 @@ import pika  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
+from bench.database import ensure_migrated  # noqa: E402
 from bench.load import add_load_arguments, load_note, require_quiet  # noqa: E402
 from broker import topology  # noqa: E402
 from broker.sqs.publisher import sqs_client  # noqa: E402
@@ -390,6 +391,7 @@ def main() -> None:
     add_load_arguments(parser)
     args = parser.parse_args()
     require_quiet(args)
+    ensure_migrated()
 
     catalog = json.loads((ROOT / "tasks.json").read_text())
     catalog["tasks"].append({"name": "bench.noop", "queue": "default"})
