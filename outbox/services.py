@@ -54,7 +54,13 @@ from common import tracing
 from common.columns import JSONArray, insert_sql
 from common.context import get_correlation_id
 from outbox.catalog import TaskSpec, get_catalog
-from outbox.listeners import RecordedEvent, notify_listeners, notify_listeners_of_many
+from outbox.listeners import (
+    Condition,
+    RecordedEvent,
+    listener_conditions,
+    notify_listeners,
+    notify_listeners_of_many,
+)
 from outbox.models import Event, OutboxMessage, PlatformOutboxMessage, TaskRun, clock_timestamp
 from outbox.wake import signal_relay_on_commit
 
@@ -426,7 +432,10 @@ def _publish(
         payload=json.loads(body),
         correlation_id=get_correlation_id(),
     )
-    event_id = runs.write_with_event(record, new_row=new_row)
+    # Whether each listener has work for the event is asked by the event's own statement.
+    conditions = listener_conditions(event, tenant_id)
+    asked = {name: condition for name, condition in conditions.items() if condition is not None}
+    event_id, held = runs.write_with_event(record, new_row=new_row, conditions=asked)
     # Apps that keep rows of their own for each event (webhook deliveries) write them now,
     # in the caller's transaction. A listener that fails fails the publish, which leaves
     # nothing behind, as any refusal of ``publish`` (each listener writes its rows in one
@@ -441,7 +450,8 @@ def _publish(
                 aggregate_id=record.aggregate_id,
                 payload=record.payload,
                 occurred_at=record.occurred_at,
-            )
+            ),
+            holding=held,
         )
     except Exception:
         if not connection.needs_rollback:
@@ -496,12 +506,21 @@ class _Runs:
             self._execute(with_event=None)
         return self.run_ids
 
-    def write_with_event(self, event: Event, *, new_row: _NewRow | None = None) -> int:
+    def write_with_event(
+        self,
+        event: Event,
+        *,
+        new_row: _NewRow | None = None,
+        conditions: Mapping[str, Condition] | None = None,
+    ) -> tuple[int, dict[str, bool]]:
         """Write the event's trail row, the outbox rows and their runs, in one statement
         (the envelopes take the new row's id there); and first ``new_row``, whose id the
-        event's payload and aggregate id take. Returns the event's id; ``event`` gets its
-        id and the database's ``occurred_at``."""
-        event_id, event.occurred_at, row_id = self._execute(with_event=event, new_row=new_row)
+        event's payload and aggregate id take. ``conditions`` are evaluated by the same
+        statement. Returns the event's id and whether each condition held; ``event`` gets
+        its id and the database's ``occurred_at``."""
+        event_id, event.occurred_at, row_id, held = self._execute(
+            with_event=event, new_row=new_row, conditions=conditions or {}
+        )
         event.pk = event_id
         # The id's digits in place of the null (event_id) and the 0 (the row's) measured.
         grown = len(str(event_id)) - _NULL_ID_LENGTH
@@ -522,7 +541,7 @@ class _Runs:
                 # known only now, made it longer than the check before could tell.
                 self.undo(event_id, new_row=new_row)
                 raise
-        return event_id
+        return event_id, held
 
     def undo(self, event_id: int | None, *, new_row: _NewRow | None = None) -> None:
         """Delete what ``write_with_event`` wrote, for a publish refused after it."""
@@ -542,13 +561,18 @@ class _Runs:
             row.pk, row._state.adding = None, True
 
     def _execute(
-        self, *, with_event: Event | None, new_row: _NewRow | None = None
-    ) -> tuple[int | None, datetime | None, int | None]:
+        self,
+        *,
+        with_event: Event | None,
+        new_row: _NewRow | None = None,
+        conditions: Mapping[str, Condition] | None = None,
+    ) -> tuple[int | None, datetime | None, int | None, dict[str, bool]]:
         """One statement for every row: a round trip, not one per table.
 
         The INSERTs write what ``bulk_create`` would, and are chained as data-modifying
         CTEs; the envelopes read the event's id from its CTE, and the event and the
-        envelopes the new row's id from the row's.
+        envelopes the new row's id from the row's. The listeners' ``conditions`` are
+        columns of its answer.
         """
         parts, params = [], []
         row_key = None
@@ -584,12 +608,17 @@ class _Runs:
             else "NULL, NULL"
         )
         result += ", (SELECT id FROM new_row)" if new_row is not None else ", NULL"
+        names = list(conditions or {})
+        for name in names:
+            condition = conditions[name]
+            result += f", COALESCE(({condition.sql}), false)"
+            params.extend(condition.params)
         with connection.cursor() as cursor:
             cursor.execute(f"WITH {', '.join(parts)} SELECT {result}", params)
-            event_id, occurred_at, row_id = cursor.fetchone()
+            event_id, occurred_at, row_id, *answers = cursor.fetchone()
         if self.messages:
             signal_relay_on_commit()
-        return event_id, occurred_at, row_id
+        return event_id, occurred_at, row_id, dict(zip(names, answers, strict=True))
 
 
 # The output field of the expressions below: one for all, as a Value's would be.

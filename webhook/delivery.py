@@ -44,7 +44,7 @@ from common.context import log_context
 from common.errors import Conflict, NotFound
 from job.selectors import job_get, job_public
 from outbox.catalog import get_catalog
-from outbox.listeners import RecordedEvent
+from outbox.listeners import Condition, RecordedEvent
 from outbox.services import actor_label, dispatch
 from webhook import transport
 from webhook.events import TENANT_EVENT_TYPES
@@ -84,6 +84,22 @@ _ALIVE = (
 
 
 # --- the event listener -------------------------------------------------------------------
+
+
+def deliveries_wanted(event_type: str, tenant_id: int | None) -> Condition | None:
+    """The listener's interest: whether some active endpoint of the tenant wants such an
+    event, asked by the event's own statement (``deliveries_record`` reads them only
+    then); None for an event that is not the tenant's."""
+    if tenant_id is None or event_type not in TENANT_EVENT_TYPES:
+        return None
+    return Condition(_ENDPOINT_WANTS, (tenant_id, event_type))
+
+
+# The index of the tenant's active endpoints answers it (see the model's indexes).
+_ENDPOINT_WANTS = (
+    "SELECT EXISTS (SELECT 1 FROM webhook_endpoints WHERE tenant_id = %s "
+    "AND status = 'active' AND event_types @> ARRAY[%s]::text[])"
+)
 
 
 def deliveries_record(event: RecordedEvent) -> list[int]:

@@ -88,7 +88,6 @@ def test_job_created_and_its_outbox_rows_are_written_in_the_transaction_of_the_n
         "SELECT automations",
         "BEGIN",
         "INSERT jobs + events + task_runs + outbox_messages",
-        "SELECT webhook_endpoints",
         "COMMIT",
     ]
     new_id = response.json()["id"]

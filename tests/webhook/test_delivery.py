@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from standardwebhooks import Webhook
 
@@ -19,6 +19,8 @@ from outbox.models import Event
 from outbox.services import publish
 from tests.factories import RunningJobFactory, TenantFactory, WorkerFactory
 from tests.webhook.conftest import Reply, due_deliver_runs, run_attempt, run_due_attempts
+from webhook.delivery import deliveries_wanted
+from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 pytestmark = pytest.mark.django_db
@@ -450,3 +452,35 @@ def test_a_new_url_takes_up_the_deliveries_parked_while_the_old_one_failed(
     run_due_attempts()
 
     assert sorted(r.path for r in receiver.requests()) == ["/hooks/new", "/hooks/new", "/hooks/old"]
+
+
+@pytest.mark.parametrize("status", ["active", "disabled"])
+@pytest.mark.parametrize("wanted", [["JobCompleted"], ["JobFailed", "JobCompleted"], ["JobFailed"]])
+def test_the_listeners_interest_holds_exactly_where_its_read_finds_endpoints(
+    receiver, make_endpoint, tenant, status, wanted
+):
+    """The event's statement asks whether an endpoint wants the event, and the listener is
+    called only then: a condition stricter than the listener's own read would lose
+    deliveries. Both are asked for each event type, this tenant's and another's."""
+    endpoint = make_endpoint(receiver.url, event_types=wanted)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(status=status)
+    other = TenantFactory()
+    for tenant_id in (tenant.pk, other.pk, None):
+        for event_type in (*TENANT_EVENT_TYPES, "TaskFailed", "WorkerRegistered"):
+            condition = deliveries_wanted(event_type, tenant_id)
+            found = (
+                tenant_id is not None
+                and event_type in TENANT_EVENT_TYPES
+                and (
+                    WebhookEndpoint.objects.filter(
+                        tenant_id=tenant_id, status="active", event_types__contains=[event_type]
+                    ).exists()
+                )
+            )
+            if condition is None:
+                assert not found, (event_type, tenant_id)
+                continue
+            with connection.cursor() as cursor:
+                cursor.execute(condition.sql, condition.params)
+                (holds,) = cursor.fetchone()
+            assert holds == found, (event_type, tenant_id, status, wanted)
