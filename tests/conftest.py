@@ -12,6 +12,7 @@ one file run on one worker, one after another; the reliability scenarios on two.
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -48,6 +49,7 @@ def pytest_configure(config):
     daemons a test starts.
     """
     config.pluginmanager.register(_GroupOrder(), "hubdommed-group-order")
+    _hear_ctrl_c()
     if config.getoption("dist", "no") == "loadgroup" and pytest.version_tuple[:2] >= (9, 2):
         raise pytest.UsageError(
             f"pytest {pytest.__version__} ignores the node ids pytest-xdist renames to group "
@@ -63,6 +65,20 @@ def pytest_configure(config):
     caches = {alias: dict(cache) for alias, cache in settings.CACHES.items()}
     caches["default"]["KEY_PREFIX"] = settings.REDIS_KEY_PREFIX
     settings.CACHES = caches
+
+
+def _hear_ctrl_c() -> None:
+    """Let the processes the tests start hear SIGINT, however the suite was started.
+
+    A command started in the background by a shell without job control (``make test &``
+    in a script, a CI runner's step) inherits SIGINT ignored, and so would every process
+    it starts: a daemon, ``make run`` and its script could not be stopped by the Ctrl-C
+    the tests send them (an ignored signal stays ignored across exec, and a shell cannot
+    trap one it was started ignoring). Python then leaves SIGINT ignored too; a handler
+    of its own is reset to the default in each process it execs.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _group(item) -> str:
