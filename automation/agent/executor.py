@@ -157,8 +157,8 @@ def run_claimed_job(
 
     tail = output.text(wait=2)
     # The last chunks reach the hub before the report that ends the job (which refuses
-    # output from then on).
-    sender.close()
+    # output from then on); a stopping worker waits for them a moment only.
+    sender.close(stopping=stopping)
     code = process.returncode
     if stop_reason == "timeout":
         return Outcome(False, "timeout", code, tail, f"timed out after {timeout_seconds:g} s")

@@ -31,6 +31,12 @@ FLUSH_SECONDS = 0.5
 BUFFER_CHARS = 1_000_000
 # How long the end of a command waits for its last chunks to reach the hub.
 CLOSE_SECONDS = 10.0
+# How much longer once the worker is stopping: its stop budget went to the command, and
+# its report must be on disk before whoever stops it stops waiting (the report's
+# output_tail keeps the end of the output either way).
+STOPPING_CLOSE_SECONDS = 1.0
+# How often a close looks at the stop while it waits.
+CLOSE_SLICE_SECONDS = 0.1
 
 
 def dropped_marker(count: int) -> str:
@@ -98,12 +104,25 @@ class OutputSender:
             if self._size >= self.flush_chars:
                 self._changed.notify()
 
-    def close(self, *, timeout: float = CLOSE_SECONDS) -> bool:
-        """Send what is left (for at most ``timeout`` seconds); True if all of it went."""
+    def close(
+        self, *, timeout: float = CLOSE_SECONDS, stopping: threading.Event | None = None
+    ) -> bool:
+        """Send what is left (for at most ``timeout`` seconds, and at most
+        ``STOPPING_CLOSE_SECONDS`` once ``stopping`` is set, before the wait or during it);
+        True if all of it went."""
         with self._changed:
             self._closing = True
             self._changed.notify()
-        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        stopped = False
+        while self._thread.is_alive():
+            now = time.monotonic()
+            if not stopped and stopping is not None and stopping.is_set():
+                stopped = True
+                deadline = min(deadline, now + STOPPING_CLOSE_SECONDS)
+            if now >= deadline:
+                break
+            self._thread.join(min(deadline - now, CLOSE_SLICE_SECONDS))
         if self._thread.is_alive():
             logger.warning("job %s: the end of the output could not be sent in time", self.job_id)
             self._gave_up.set()

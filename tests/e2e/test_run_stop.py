@@ -97,6 +97,12 @@ def test_ctrl_c_stops_the_automation_workers_and_their_commands_before_it_return
         if presses == 1:
             assert code == -signal.SIGINT, stack.log_text()
             assert not re.search(r"^make: \*\*\*", stack.log_text(), re.MULTILINE), stack.log_text()
+            # The worker kept the job's outcome for its next start and then exited, within
+            # the stop budget and the moment its output may wait (the hub is gone by then):
+            # it was not killed at the script's deadline, its report unwritten.
+            assert "the outcome stays on disk for the next start" in stack.log_text(), (
+                stack.log_text()
+            )
         else:
             assert code == 0, stack.log_text()
         # Gone when it returned, not some time after.

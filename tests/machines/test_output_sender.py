@@ -4,9 +4,10 @@ and time, sent again while the hub does not answer, and bounded while it cannot.
 from __future__ import annotations
 
 import threading
+import time
 
 from automation.agent.client import HubError
-from automation.agent.output import OutputSender
+from automation.agent.output import CLOSE_SECONDS, STOPPING_CLOSE_SECONDS, OutputSender
 from tests.polling import wait_until
 
 
@@ -105,3 +106,45 @@ def test_a_refused_chunk_stops_the_sending():
 
     assert output.close() is False
     assert hub.requests == 1 and hub.chunks == {}
+
+
+def test_a_stopping_worker_does_not_wait_out_an_unreachable_hub_for_its_output():
+    """The end of a command waits for its last chunks (CLOSE_SECONDS); a worker that is
+    stopping has spent its stop budget on the command already, and its report must reach
+    the disk before whoever stops it gives up waiting: the output waits a moment only."""
+    hub = OutputHub()
+    hub.down.set()
+    stopping = threading.Event()
+    stopping.set()
+    output = sender(hub, flush_chars=1000, flush_seconds=0.05)
+    output.write("last words\n")
+    wait_until(lambda: hub.requests >= 1, timeout=10)
+
+    started = time.monotonic()
+    assert output.close(stopping=stopping) is False
+    assert time.monotonic() - started < STOPPING_CLOSE_SECONDS + 2 < CLOSE_SECONDS
+
+
+def test_a_stop_that_comes_while_the_output_is_waited_for_cuts_the_wait_short():
+    hub = OutputHub()
+    hub.down.set()
+    stopping = threading.Event()
+    output = sender(hub, flush_chars=1000, flush_seconds=0.05)
+    output.write("last words\n")
+    wait_until(lambda: hub.requests >= 1, timeout=10)
+
+    threading.Timer(0.5, stopping.set).start()
+    started = time.monotonic()
+    assert output.close(stopping=stopping) is False
+    assert time.monotonic() - started < 0.5 + STOPPING_CLOSE_SECONDS + 2 < CLOSE_SECONDS
+
+
+def test_a_stopping_worker_still_sends_output_the_hub_takes():
+    hub = OutputHub()
+    stopping = threading.Event()
+    stopping.set()
+    output = sender(hub, flush_chars=1000, flush_seconds=5)
+    output.write("last words\n")
+
+    assert output.close(stopping=stopping) is True
+    assert hub.text == "last words\n"
