@@ -49,7 +49,7 @@ def pytest_configure(config):
     daemons a test starts.
     """
     config.pluginmanager.register(_GroupOrder(), "hubdommed-group-order")
-    _hear_ctrl_c()
+    _hear_stop_signals()
     if config.getoption("dist", "no") == "loadgroup" and pytest.version_tuple[:2] >= (9, 2):
         raise pytest.UsageError(
             f"pytest {pytest.__version__} ignores the node ids pytest-xdist renames to group "
@@ -67,18 +67,21 @@ def pytest_configure(config):
     settings.CACHES = caches
 
 
-def _hear_ctrl_c() -> None:
-    """Let the processes the tests start hear SIGINT, however the suite was started.
+def _hear_stop_signals() -> None:
+    """Let the processes the tests start hear the signals the tests stop them with (SIGINT,
+    SIGTERM), however the suite was started.
 
     A command started in the background by a shell without job control (``make test &``
     in a script, a CI runner's step) inherits SIGINT ignored, and so would every process
     it starts: a daemon, ``make run`` and its script could not be stopped by the Ctrl-C
     the tests send them (an ignored signal stays ignored across exec, and a shell cannot
-    trap one it was started ignoring). Python then leaves SIGINT ignored too; a handler
+    trap one it was started ignoring). Python leaves an ignored signal ignored; a handler
     of its own is reset to the default in each process it execs.
     """
-    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    for signum, default in defaults.items():
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, default)
 
 
 def _group(item) -> str:
