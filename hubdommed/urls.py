@@ -23,6 +23,10 @@ class RedocPage(SpectacularRedocView):
     http_method_names = ["get", "head"]
 
 
+# The apps' admin modules, imported here rather than at start-up (hubdommed.apps): before
+# the admin's URLs are built from what they register.
+admin.autodiscover()
+
 handler404 = "common.api.not_found_view"
 handler500 = "common.api.server_error_view"
 

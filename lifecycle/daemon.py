@@ -51,6 +51,10 @@ class Beat(Protocol):
 
 
 class Daemon(BaseCommand):
+    # No system checks at each start: they check the models, the admin and the URLs, which
+    # a daemon does not serve, and which a deploy checks once (``migrate``, ``manage.py
+    # check --deploy``); they loaded the URLconf and every admin module in every daemon.
+    requires_system_checks: list[str] = []
     # The daemon's name in its log lines.
     name = "daemon"
     # The setting that holds the default ``--interval``.

@@ -48,6 +48,8 @@ def parse_queues(value: str | list[str]) -> list[str]:
 
 class Command(BaseCommand):
     help = "Run background tasks from the given queues (default: QUEUES)."
+    # No system checks at each start, as for the other daemons (lifecycle.daemon.Daemon).
+    requires_system_checks: list[str] = []
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
