@@ -6,8 +6,10 @@ returns; an event that joins a run while its worker is at it is never left behin
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
+from collections.abc import Iterator
 
 import pytest
 from django.db import connection, transaction
@@ -27,6 +29,36 @@ pytestmark = pytest.mark.django_db
 
 def deliveries(endpoint) -> list[WebhookDelivery]:
     return list(WebhookDelivery.objects.filter(endpoint=endpoint).order_by("id"))
+
+
+@contextlib.contextmanager
+def an_event_held_open(tenant) -> Iterator[threading.Event]:
+    """A JobCompleted of ``tenant`` whose transaction stays open (its delivery joins the
+    endpoint's run, holding the run's newest delivery FOR SHARE) until the block sets the
+    event it is given; on leaving, its commit is waited for and its failure reported."""
+    joined, commit = threading.Event(), threading.Event()
+    failures: list[BaseException] = []
+
+    def hold():
+        try:
+            with transaction.atomic():
+                complete_a_job(tenant)
+                joined.set()
+                commit.wait(10)
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert joined.wait(10), failures
+    try:
+        yield commit
+    finally:
+        commit.set()
+        thread.join(10)
+    assert not failures
 
 
 def a_fast_endpoint(make_endpoint, tenant, receiver) -> WebhookEndpoint:
@@ -308,47 +340,27 @@ def test_an_event_joining_a_run_its_worker_is_at_is_taken_by_that_run(
         for _ in range(3):
             complete_a_job(tenant)
     (row,) = map(sent, due_deliver_runs())
-    joined = threading.Event()
-    commit = threading.Event()
-    failures: list[BaseException] = []
-
-    def an_event_joins():
-        # Its transaction holds the run's newest delivery FOR SHARE until it commits.
-        try:
-            with transaction.atomic():
-                complete_a_job(tenant)
-                joined.set()
-                commit.wait(10)
-        except BaseException as exc:  # reported by the test
-            failures.append(exc)
-        finally:
-            connection.close()
-
-    event = threading.Thread(target=an_event_joins)
-    event.start()
-    assert joined.wait(10)
     outcomes: list[Outcome] = []
-    run = threading.Thread(
-        target=lambda: (
-            outcomes.extend(
-                deliveries_run(
-                    delivery_id=row.envelope["payload"]["delivery_id"], run_id=run_of(row)
-                )
-            ),
-            connection.close(),
+    with an_event_held_open(tenant) as commit:
+        run = threading.Thread(
+            target=lambda: (
+                outcomes.extend(
+                    deliveries_run(
+                        delivery_id=row.envelope["payload"]["delivery_id"], run_id=run_of(row)
+                    )
+                ),
+                connection.close(),
+            )
         )
-    )
-    run.start()
-    # The run makes its first attempt, and the beginning of the batch with the delivery the
-    # event holds waits there for its commit.
-    wait_until(lambda: receiver.requests(), timeout=10, message="the first delivery")
-    wait_until(a_session_waits_for_a_row_lock, timeout=10, message="the run to wait")
-    assert len(receiver.requests()) == 1
-    commit.set()
-    event.join(10)
+        run.start()
+        # The run makes its first attempt, and the beginning of the batch with the delivery
+        # the event holds waits there for its commit.
+        wait_until(lambda: receiver.requests(), timeout=10, message="the first delivery")
+        wait_until(a_session_waits_for_a_row_lock, timeout=10, message="the run to wait")
+        assert len(receiver.requests()) == 1
+        commit.set()
     run.join(10)
 
-    assert not failures
     assert outcomes == [Outcome.DELIVERED] * 4
     assert {d.status for d in deliveries(endpoint)} == {"delivered"}
     assert due_deliver_runs() == []
@@ -363,21 +375,6 @@ def test_a_run_that_stops_short_waits_for_an_event_joining_it_and_hands_it_on_to
         for _ in range(3):
             complete_a_job(tenant)
     (row,) = map(sent, due_deliver_runs())
-    joined = threading.Event()
-    commit = threading.Event()
-
-    def an_event_joins():
-        try:
-            with transaction.atomic():
-                complete_a_job(tenant)
-                joined.set()
-                commit.wait(10)
-        finally:
-            connection.close()
-
-    event = threading.Thread(target=an_event_joins)
-    event.start()
-    assert joined.wait(10)
     handed = threading.Event()
 
     def the_run_stops_after_one():
@@ -389,14 +386,14 @@ def test_a_run_that_stops_short_waits_for_an_event_joining_it_and_hands_it_on_to
         finally:
             connection.close()
 
-    run = threading.Thread(target=the_run_stops_after_one)
-    run.start()
-    wait_until(lambda: len(receiver.requests()) == 1, timeout=10, message="the first delivery")
-    # The hand-on waits for the event that is joining the run.
-    wait_until(a_session_waits_for_a_row_lock, timeout=10, message="the hand-on to wait")
-    assert not handed.is_set()
-    commit.set()
-    event.join(10)
+    with an_event_held_open(tenant) as commit:
+        run = threading.Thread(target=the_run_stops_after_one)
+        run.start()
+        wait_until(lambda: len(receiver.requests()) == 1, timeout=10, message="the first delivery")
+        # The hand-on waits for the event that is joining the run.
+        wait_until(a_session_waits_for_a_row_lock, timeout=10, message="the hand-on to wait")
+        assert not handed.is_set()
+        commit.set()
     run.join(10)
     assert handed.is_set()
 
