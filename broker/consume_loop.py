@@ -65,6 +65,9 @@ class Processor(Protocol):
     def thread_done(self) -> None:
         """A worker thread is about to end (release what it holds: a database connection)."""
 
+    def stopped(self) -> None:
+        """The loop is over: end the threads of the processor's own."""
+
 
 @dataclass
 class _InFlight:
@@ -176,6 +179,7 @@ class ConsumeLoop:
         except BaseException:
             self._set_ready(False)
             self.consumer.close()
+            self.processor.stopped()
             raise
         return self.finish()
 
@@ -227,6 +231,7 @@ class ConsumeLoop:
         finally:
             self._set_ready(False)
             self.consumer.close()
+            self.processor.stopped()
         return self.stats
 
     def step(self, timeout: float) -> bool:

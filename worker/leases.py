@@ -24,8 +24,9 @@ most ``AHEAD_BEAT_SECONDS`` later, extends it by the full lease. Otherwise (no b
 lately: the database slow or away, the process stalled) the slot confirms it itself first
 (one statement), or does not run it.
 
-The thread starts with the first lease and ends after a while with none; it closes its
-connection after each beat, so an idle worker holds none.
+The thread starts with the first lease and ends after a while with none, or when the
+worker stops (``close``); it closes its connection after each beat, so an idle worker
+holds none.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        # The worker stopped: the thread ends, and none starts again.
+        self._closed = False
 
     def hold_many(self, leases: Sequence[Lease], *, ahead: bool, confirmed_at: float) -> None:
         """Keep these leases, set by a statement that began at ``confirmed_at``: under the
@@ -106,7 +109,7 @@ class LeaseKeeper:
                 self._held[lease.holder] = _Held(
                     lease, ahead, confirmed_at, confirmed_at + interval
                 )
-            if self._thread is None:
+            if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
                 self._thread.start()
                 # Only the first lease wakes it: it beats on its own schedule after that
@@ -164,6 +167,13 @@ class LeaseKeeper:
         with self._lock:
             return len(self._held)
 
+    def close(self) -> None:
+        """The worker stopped (its runs were given back or settled): the thread ends now,
+        after the beat it may be in, not after ``IDLE_EXIT_SECONDS``."""
+        with self._lock:
+            self._closed = True
+        self._wake.set()
+
     def _run(self) -> None:
         idle_since: float | None = None
         try:
@@ -171,6 +181,9 @@ class LeaseKeeper:
                 self._wake.clear()
                 now = time.monotonic()
                 with self._lock:
+                    if self._closed:
+                        self._thread = None
+                        return
                     if not self._held:
                         idle_since = idle_since or now
                         if now - idle_since >= IDLE_EXIT_SECONDS:

@@ -175,6 +175,11 @@ class TaskProcessor:
     def thread_done(self) -> None:
         connection.close()
 
+    def stopped(self) -> None:
+        # What the loop did not finish was given back: the bookkeeping threads end.
+        self.window.close()
+        self.leases.close()
+
     def released(self, delivery: Delivery) -> None:
         self.window.forget(delivery)
         lease = self._let_go(delivery)

@@ -16,10 +16,11 @@ bound a worker at a few hundred no-op tasks a second. Here they are paid per win
   runs already ``succeeded``, which are recognised as duplicates and only acked.
 
 Claims and outcomes have a thread each (each with its database connection), so that a
-window's claim and the previous window's commit overlap. The claiming thread also watches
-the handlers' time limits (``TaskProcessor.abandon_expired``) and claims again, once, the
-copies it put aside for a moment (``park``: a run another worker claimed ahead, whose
-short lease ends within seconds if that worker is dead).
+window's claim and the previous window's commit overlap; both end when the worker stops
+(``close``). The claiming thread also watches the handlers' time limits
+(``TaskProcessor.abandon_expired``) and claims again, once, the copies it put aside for a
+moment (``park``: a run another worker claimed ahead, whose short lease ends within
+seconds if that worker is dead).
 """
 
 from __future__ import annotations
@@ -121,6 +122,8 @@ class RunWindow:
         self._in_settlement = 0
         self._claimer: threading.Thread | None = None
         self._settler: threading.Thread | None = None
+        # The worker stopped: the threads end, and none starts again.
+        self._closed = False
         self.claim_statements = 0
         self.commit_statements = 0
 
@@ -178,9 +181,20 @@ class RunWindow:
         """A time limit sooner than the claiming thread's next look."""
         self._claims_waiting.set()
 
+    def close(self) -> None:
+        """The worker stopped (what it did not finish was given back): both threads end at
+        once, each after the statement it may be in, and none starts again. A handler that
+        returns later has nothing left to settle: its delivery was given back."""
+        with self._lock:
+            self._closed = True
+        self._claims_waiting.set()
+        self._outcomes_waiting.set()
+
     # -- the bookkeeping thread -----------------------------------------------------------
 
     def _ensure_threads(self) -> None:
+        if self._closed:
+            return
         if self._claimer is None or not self._claimer.is_alive():
             self._claimer = threading.Thread(target=self._claiming, name="runs-claim", daemon=True)
             self._claimer.start()
@@ -202,6 +216,8 @@ class RunWindow:
                 self._claims_waiting.clear()
                 now = time.monotonic()
                 with self._lock:
+                    if self._closed:
+                        return
                     claims, self._to_claim = self._to_claim, []
                     while self._parked and self._parked[0][0] <= now:
                         prepared = heapq.heappop(self._parked)[2]
@@ -223,6 +239,8 @@ class RunWindow:
                 self._outcomes_waiting.wait(MAX_SLEEP)
                 self._outcomes_waiting.clear()
                 with self._lock:
+                    if self._closed:
+                        return
                     outcomes, self._to_settle = self._to_settle, []
                     self._in_settlement += len(outcomes)
                 if outcomes:

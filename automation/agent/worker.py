@@ -445,6 +445,9 @@ class JobOfferProcessor:
     def thread_done(self) -> None:
         """No per-thread resources (no database)."""
 
+    def stopped(self) -> None:
+        """No threads of its own: the agent's are stopped by its runtime."""
+
 
 def _ids_of(envelope: dict) -> JobIds:
     """The ids of the request that created the job, from its message's envelope."""
