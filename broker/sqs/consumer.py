@@ -11,6 +11,10 @@ while the task runs. A transient failure sets the visibility to the backoff and 
 the message in the queue, so it comes back by itself without holding a slot; a release
 sets it to 0. Dead-lettering sends a copy to the ``-dlq`` queue with the error in
 ``x-error-*`` message attributes; the caller then deletes the original (``ack``).
+
+A stopping worker keeps no message from the others: what a long poll in progress
+receives after the stop, and what was received and never taken by the loop, is made
+visible again at once (not after its visibility timeout, minutes on some queues).
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class SQSConsumer(Consumer):
         self._inbox: queue.Queue[Delivery] = queue.Queue()
         self._slots = threading.Semaphore(1)
         self._stop = threading.Event()
+        # Held to put into the inbox and to stop: nothing is put in once stopping.
+        self._inbox_lock = threading.Lock()
         self._pollers: list[threading.Thread] = []
 
     def start(self, destinations: Sequence[str], prefetch: int) -> None:
@@ -108,19 +114,15 @@ class SQSConsumer(Consumer):
                     self._stop.wait(POLL_ERROR_BACKOFF)
                 for _ in range(slots - len(messages)):
                     self._slots.release()
-                for message in messages:
-                    self._inbox.put(
-                        Delivery(
-                            destination=destination,
-                            body=message["Body"].encode(),
-                            receipt=message["ReceiptHandle"],
-                            broker_receive_count=int(
-                                message.get("Attributes", {}).get("ApproximateReceiveCount", 1)
-                            ),
-                            message_id=message.get("MessageId"),
-                            properties=message.get("MessageAttributes", {}),
-                        )
-                    )
+                deliveries = [_delivery(destination, message) for message in messages]
+                with self._inbox_lock:
+                    stopping = self._stop.is_set()
+                    if not stopping:
+                        for delivery in deliveries:
+                            self._inbox.put(delivery)
+                if stopping and deliveries:
+                    # Received by a poll that began before the stop: not this worker's.
+                    self._make_visible(client, deliveries)
         finally:
             client.close()
 
@@ -136,16 +138,49 @@ class SQSConsumer(Consumer):
                 return received
 
     def stop_fetching(self) -> None:
-        self._stop.set()
+        with self._inbox_lock:
+            self._stop.set()
 
     def close(self) -> None:
-        self._stop.set()
+        with self._inbox_lock:
+            self._stop.set()
+            unpolled: list[Delivery] = []
+            while not self._inbox.empty():
+                unpolled.append(self._inbox.get_nowait())
+        if unpolled and self._client is not None:
+            self._make_visible(self._client, unpolled)
         for poller in self._pollers:
-            # A long poll in progress ends within WaitTimeSeconds; we need not wait for it.
+            # A long poll in progress ends within WaitTimeSeconds; we need not wait for it
+            # (what it receives, its poller makes visible again itself).
             poller.join(timeout=0.1)
         if self._client is not None:
             self._client.close()
             self._client = None
+
+    def _make_visible(self, client: Any, deliveries: list[Delivery]) -> None:
+        """Give these back to the queue now (visibility 0), ten to a call; one that fails
+        comes back when its visibility ends."""
+        for _ in deliveries:
+            self._slots.release()
+        by_queue: dict[str, list[Delivery]] = {}
+        for delivery in deliveries:
+            by_queue.setdefault(delivery.destination, []).append(delivery)
+        for destination, given in by_queue.items():
+            for start in range(0, len(given), MAX_RECEIVE):
+                entries = [
+                    {"Id": str(n), "ReceiptHandle": d.receipt, "VisibilityTimeout": 0}
+                    for n, d in enumerate(given[start : start + MAX_RECEIVE])
+                ]
+                try:
+                    failed = client.change_message_visibility_batch(
+                        QueueUrl=self._urls[destination], Entries=entries
+                    ).get("Failed", [])
+                except (BotoCoreError, ClientError) as exc:
+                    logger.warning("could not give back %d messages: %s", len(entries), exc)
+                    continue
+                if failed:
+                    logger.warning("could not give back %d messages: %s", len(failed), failed)
+        logger.info("gave back %d messages received while stopping", len(deliveries))
 
     # -- settling (any thread; boto3 clients are thread-safe) ------------------------------
 
@@ -254,4 +289,15 @@ def _attributes_size(attributes: dict[str, dict[str, str]]) -> int:
     return sum(
         len(name.encode()) + len(value["DataType"].encode()) + len(value["StringValue"].encode())
         for name, value in attributes.items()
+    )
+
+
+def _delivery(destination: str, message: dict[str, Any]) -> Delivery:
+    return Delivery(
+        destination=destination,
+        body=message["Body"].encode(),
+        receipt=message["ReceiptHandle"],
+        broker_receive_count=int(message.get("Attributes", {}).get("ApproximateReceiveCount", 1)),
+        message_id=message.get("MessageId"),
+        properties=message.get("MessageAttributes", {}),
     )

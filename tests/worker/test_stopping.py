@@ -1,12 +1,13 @@
-"""A stopped worker is over: no thread of its own left running."""
+"""A stopped worker is over: no thread of its own left running, no message kept from others."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from tests.worker.conftest import dispatch_work, run_finished, wait_for
+from tests.worker.conftest import dispatch_work, executions, run_finished, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,3 +37,32 @@ def test_a_stopped_worker_leaves_none_of_its_threads_running(broker, relay, star
     # a second here): not 5 s after, when an idle lease keeper would end by itself, and
     # not never, as a run window's threads did.
     wait_for(lambda: not its_threads(before), timeout=3, what="the worker's threads to end")
+
+
+@pytest.mark.parametrize("broker", ["sqs"], indirect=True)
+def test_on_sqs_a_message_received_while_the_worker_stops_is_given_back_at_once(
+    settings, broker, relay, start_worker
+):
+    # A poll lasts 4 s, and what it receives is hidden from everyone else for 60 s.
+    settings.WORKER_SQS_WAIT_SECONDS = 4
+    settings.WORKER_VISIBILITY_TIMEOUT = 60
+    before = set(threading.enumerate())
+    first = start_worker(concurrency=1)
+    warm = dispatch_work()
+    wait_for(lambda: run_finished(warm), what="the first worker to run a task")
+    # Its poller began a new long poll as it took the task; the worker stops, and then a
+    # message comes, which that poll receives as it arrives.
+    first.stop()
+    run_id = dispatch_work()
+    sent_at = time.monotonic()
+    wait_for(
+        lambda: not [name for name in its_threads(before) if name.startswith("sqs-")],
+        timeout=10,
+        what="the stopped worker's poll to end",
+    )
+
+    start_worker(concurrency=1)
+    # Taken by the poll that was in progress, it must not wait out its 60 s of invisibility.
+    wait_for(lambda: run_finished(run_id), timeout=20, what="the other worker to run it")
+    assert time.monotonic() - sent_at < 20
+    assert len(executions(run_id)) == 1
