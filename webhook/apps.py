@@ -8,7 +8,7 @@ class WebhookConfig(AppConfig):
     def ready(self) -> None:
         from common.ways_forward import register_stranded_check
         from outbox.listeners import register_event_listener
-        from webhook.delivery import deliveries_record, deliveries_record_many, deliveries_wanted
+        from webhook.recording import deliveries_record, deliveries_record_many, deliveries_wanted
         from webhook.stranded import deliveries_stranded
         from webhook.stranded_secrets import secrets_stranded
 

@@ -32,7 +32,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from common.ways_forward import Repaired
-from webhook.delivery import UNPARK_BATCH, _schedule, _unpark, probe_interval
+from webhook.delivery import UNPARK_BATCH, _unpark, probe_interval, schedule_delivery
 from webhook.models import DeliveryStatus, WebhookDelivery, WebhookEndpoint
 
 # Rows (or endpoints) one check repairs at most per shape; the next cycle takes the rest.
@@ -127,7 +127,7 @@ def _run_overdue(now: datetime) -> list[Repaired]:
             if delivery.attempt_started_at and delivery.attempt_started_at > now - budget:
                 continue  # its attempt is in flight right now
             was_due = delivery.next_attempt_at
-            _schedule(delivery, delay=None)
+            schedule_delivery(delivery, delay=None)
             delivery.attempt_started_at = None
             delivery.save(
                 update_fields=["scheduled_run_id", "next_attempt_at", "attempt_started_at"]

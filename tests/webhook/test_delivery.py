@@ -19,9 +19,9 @@ from outbox.models import Event
 from outbox.services import publish
 from tests.factories import RunningJobFactory, TenantFactory, WorkerFactory
 from tests.webhook.conftest import Reply, due_deliver_runs, run_attempt, run_due_attempts
-from webhook.delivery import deliveries_wanted
 from webhook.events import TENANT_EVENT_TYPES
 from webhook.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from webhook.recording import deliveries_wanted
 
 pytestmark = pytest.mark.django_db
 

@@ -21,6 +21,7 @@ from tests.polling import wait_until
 from tests.webhook.conftest import Reply, due_deliver_runs, run_attempt, run_due_attempts
 from tests.webhook.test_delivery import complete_a_job
 from webhook import delivery as engine
+from webhook import recording
 from webhook.delivery import Outcome, deliveries_run
 from webhook.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
@@ -114,7 +115,8 @@ def test_events_recorded_together_share_one_run_sent_oldest_first_on_one_connect
 def test_an_event_joins_its_endpoints_run_due_now_while_it_has_room(
     receiver, make_endpoint, tenant, monkeypatch
 ):
-    monkeypatch.setattr(engine, "DELIVERIES_PER_RUN", 3)
+    # The room a run has for an event's delivery to join it.
+    monkeypatch.setattr(recording, "DELIVERIES_PER_RUN", 3)
     endpoint = make_endpoint(receiver.url)
     for _ in range(4):
         complete_a_job(tenant)  # each in its own transaction
