@@ -37,6 +37,7 @@ machine is busy. The worker runs with ``DEBUG`` off, as in production.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -390,6 +391,9 @@ def main() -> None:
     parser.add_argument("--no-celery", action="store_true", help="skip the Celery workers")
     add_load_arguments(parser)
     args = parser.parse_args()
+    if args.rabbitmq and not args.no_celery and importlib.util.find_spec("celery") is None:
+        # Said before anything is measured, not as a traceback after the first contenders.
+        parser.error("Celery is not installed: pip install -e '.[bench]', or pass --no-celery")
     require_quiet(args)
     ensure_migrated()
 
