@@ -19,9 +19,9 @@ The base gives each of them, the same way:
 - the heartbeat after each cycle, whatever the cycle met (an outage is not a hang);
 - the summary ``handle`` returns (Django prints it).
 
-Django's command and connection, nothing of the project: the project's log context and
-heartbeat are given by each daemon (``log_context``, ``heartbeat``), since this package
-stands below them.
+Django's command and connection, nothing of the project: the project's log context is
+given by ``common.daemon.Daemon``, which the daemons subclass, and each daemon's heartbeat
+by the daemon (``heartbeat``), since this package stands below them.
 """
 
 from __future__ import annotations
@@ -59,8 +59,6 @@ class Daemon(BaseCommand):
     name = "daemon"
     # The setting that holds the default ``--interval``.
     interval_setting = ""
-    # The logger its lines go to.
-    logger = logging.getLogger("hubdommed")
     # Binds ids to the log lines of a block: the project's ``common.context.log_context``.
     log_context: Callable[..., AbstractContextManager] = staticmethod(lambda **ids: nullcontext())
 
@@ -72,6 +70,11 @@ class Daemon(BaseCommand):
         self.stop = Stop()
         self.cycles = 0
         self._interval: float | None = None
+
+    @property
+    def logger(self) -> logging.Logger:
+        """The logger its lines go to, ``hubdommed.<name>``: its module's lines go there too."""
+        return logging.getLogger(f"hubdommed.{self.name}")
 
     @property
     def shutdown(self) -> bool:

@@ -45,7 +45,7 @@ from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
 from automation.machines.services import machines_stop_idle
-from common.context import log_context
+from common.daemon import Daemon
 from common.metrics import Heartbeat, serve_metrics
 from common.ways_forward import Repaired, stranded_checks
 from job.monitor import (
@@ -66,7 +66,6 @@ from job.monitor_metrics import (
 )
 from job.retention import BATCH_SIZE, BATCHES_PER_CALL, job_output_delete_expired
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
-from lifecycle.daemon import Daemon
 from lifecycle.failures import log_failure
 
 logger = logging.getLogger("hubdommed.monitor")
@@ -170,8 +169,6 @@ class Command(Daemon):
     )
     name = "monitor"
     interval_setting = "MONITOR_INTERVAL_SECONDS"
-    logger = logger
-    log_context = staticmethod(log_context)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -27,9 +27,9 @@ from django.core.management.base import CommandError
 
 from broker import TransportUnavailable
 from common.context import log_context
+from common.daemon import Daemon
 from common.metrics import Heartbeat, serve_metrics
 from lifecycle import Backoff, conditions
-from lifecycle.daemon import Daemon
 from outbox.metrics import OutboxBacklogCollector
 from relay import metrics
 from relay.engine import OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX, OutboxRelay
@@ -50,8 +50,6 @@ class Command(Daemon):
     name = "relay"
     # The sweep: the longest wait between two passes when no commit wakes the relay.
     interval_setting = "RELAY_SWEEP_INTERVAL"
-    logger = logger
-    log_context = staticmethod(log_context)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -25,10 +25,9 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError
 from django.utils import timezone
 
-from common.context import log_context
+from common.daemon import Daemon
 from common.metrics import Heartbeat, serve_metrics
 from lifecycle import conditions
-from lifecycle.daemon import Daemon
 from outbox.wake import wait_for_signal
 from schedule.firing import next_due_at, schedules_end_orphaned, schedules_fire_due
 from schedule.metrics import SCHEDULER_CYCLES, SCHEDULER_ERRORS, SCHEDULER_RUNS
@@ -49,8 +48,6 @@ class Command(Daemon):
     help = "Start a job for each tenant schedule whose due time has come, every few seconds."
     name = "scheduler"
     interval_setting = "SCHEDULER_INTERVAL_SECONDS"
-    logger = logger
-    log_context = staticmethod(log_context)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
