@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -11,7 +11,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import ValidationError
-from django.db.models import Model, QuerySet
+from django.db.models import Model, Q, QuerySet
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpResponseRedirect
 from django.urls import reverse
@@ -74,20 +74,43 @@ class DeactivatableAdmin(NeverDeletedAdmin):
         *,
         done_message: str,
     ) -> None:
-        """Deactivate each selected row through ``deactivate``; a refusal stops only its row.
+        """Deactivate each selected row through ``deactivate`` (``act_on_each``)."""
+        act_on_each(
+            self,
+            request,
+            queryset,
+            deactivate,
+            done_message=done_message,
+            refusal_level=self.refusal_level,
+        )
 
-        ``done_message`` is formatted with ``count``, the rows deactivated.
-        """
-        count = 0
-        for obj in queryset:
-            try:
-                deactivate(obj)
-            except DomainError as refusal:
-                self.message_user(request, f"{obj}: {refusal.message}", self.refusal_level)
-            else:
-                count += 1
-        if count:
-            self.message_user(request, done_message.format(count=count), messages.SUCCESS)
+
+def act_on_each(
+    model_admin: admin.ModelAdmin,
+    request,
+    rows: Iterable[Any],
+    act: Callable[[Any], Any],
+    *,
+    done_message: str = "",
+    refusal_level: int = messages.ERROR,
+    named: Callable[[Any], str] = str,
+) -> None:
+    """An admin action's work: ``act`` on each selected row (or its id), a refusal stopping
+    only its row.
+
+    A refusal is shown as ``<named(row)>: <why>`` at ``refusal_level``; ``done_message``,
+    formatted with ``count`` (the rows that went through), once any did.
+    """
+    count = 0
+    for row in rows:
+        try:
+            act(row)
+        except DomainError as refusal:
+            model_admin.message_user(request, f"{named(row)}: {refusal.message}", refusal_level)
+        else:
+            count += 1
+    if count and done_message:
+        model_admin.message_user(request, done_message.format(count=count), messages.SUCCESS)
 
 
 def deactivate_action(description: str, deactivate: Callable[[Model, Any], Any]):
@@ -132,6 +155,23 @@ class StorableJSONField(forms.JSONField):
         if value is None:
             return ""
         return super().prepare_value(value)
+
+
+class ChoiceFilter(admin.SimpleListFilter):
+    """A list filter of a few choices, each a condition on the rows: a subclass sets
+    ``conditions``, ``{value: (label, condition)}``; any other value filters nothing."""
+
+    # Not ``choices``: SimpleListFilter's method of that name renders the choices.
+    conditions: dict[str, tuple[str, Q]] = {}
+
+    def lookups(self, request, model_admin):
+        return [(value, label) for value, (label, _) in self.conditions.items()]
+
+    def queryset(self, request, queryset):
+        if self.value() in self.conditions:
+            _, condition = self.conditions[self.value()]
+            return queryset.filter(condition)
+        return queryset
 
 
 def age_filter(field: str, title: str = "age") -> type[admin.SimpleListFilter]:

@@ -9,12 +9,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.contrib import admin, messages
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.html import format_html
 
 from common.admin import (
+    ChoiceFilter,
     OneJobFilter,
     ReadOnlyAdmin,
+    act_on_each,
     age,
     age_filter,
     change_link,
@@ -24,7 +27,6 @@ from common.admin import (
     shown_json,
     shown_text,
 )
-from common.errors import DomainError
 from outbox.catalog import get_catalog
 from outbox.console import job_run_ids, run_job_ids, run_payloads
 from outbox.models import Event, OutboxMessage, PlatformOutboxMessage, TaskRun
@@ -59,19 +61,13 @@ def _outcomes_of(runs: list[TaskRun]) -> dict[str, str]:
     return shown
 
 
-class PendingFilter(admin.SimpleListFilter):
+class PendingFilter(ChoiceFilter):
     title = "delivery"
     parameter_name = "pending"
-
-    def lookups(self, request, model_admin):
-        return [("yes", "pending"), ("no", "sent")]
-
-    def queryset(self, request, queryset):
-        if self.value() == "yes":
-            return queryset.filter(sent_at__isnull=True)
-        if self.value() == "no":
-            return queryset.filter(sent_at__isnull=False)
-        return queryset
+    conditions = {
+        "yes": ("pending", Q(sent_at__isnull=True)),
+        "no": ("sent", Q(sent_at__isnull=False)),
+    }
 
 
 class TaskFilter(admin.SimpleListFilter):
@@ -273,18 +269,15 @@ class TaskRunAdmin(ReadOnlyAdmin, admin.ModelAdmin):
 
     @admin.action(description="Requeue the selected failed runs", permissions=["requeue"])
     def requeue(self, request, queryset) -> None:
-        count = 0
-        for run_id in queryset.values_list("run_id", flat=True):
-            try:
-                task_run_requeue(run_id=run_id)
-            except DomainError as refusal:
-                self.message_user(request, f"Run {run_id}: {refusal.message}", messages.WARNING)
-            else:
-                count += 1
-        if count:
-            self.message_user(
-                request, f"{count} run(s) requeued: the relay sends them next.", messages.SUCCESS
-            )
+        act_on_each(
+            self,
+            request,
+            queryset.values_list("run_id", flat=True),
+            lambda run_id: task_run_requeue(run_id=run_id),
+            done_message="{count} run(s) requeued: the relay sends them next.",
+            refusal_level=messages.WARNING,
+            named=lambda run_id: f"Run {run_id}",
+        )
 
 
 @admin.register(Event)

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
+from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 
-from common.admin import DeactivatableAdmin, StorableJSONField, adopt, moment, shown_at
+from common.admin import (
+    ChoiceFilter,
+    DeactivatableAdmin,
+    StorableJSONField,
+    act_on_each,
+    adopt,
+    moment,
+    shown_at,
+)
 from common.errors import DomainError
 from job.admin import job_page_links
 from job.services import job_params_check
@@ -55,23 +64,16 @@ class ScheduleAdminForm(forms.ModelForm):
         return cleaned
 
 
-class StateFilter(admin.SimpleListFilter):
+class StateFilter(ChoiceFilter):
     """Running, paused (the console's "schedules paused"), or deactivated."""
 
     title = "state"
     parameter_name = "state"
-
-    def lookups(self, request, model_admin):
-        return [("active", "running"), ("paused", "paused"), ("deactivated", "deactivated")]
-
-    def queryset(self, request, queryset):
-        if self.value() == "active":
-            return queryset.filter(is_active=True, paused_at__isnull=True)
-        if self.value() == "paused":
-            return queryset.filter(is_active=True, paused_at__isnull=False)
-        if self.value() == "deactivated":
-            return queryset.filter(is_active=False)
-        return queryset
+    conditions = {
+        "active": ("running", Q(is_active=True, paused_at__isnull=True)),
+        "paused": ("paused", Q(is_active=True, paused_at__isnull=False)),
+        "deactivated": ("deactivated", Q(is_active=False)),
+    }
 
 
 @admin.register(Schedule)
@@ -152,16 +154,13 @@ class ScheduleAdmin(DeactivatableAdmin, admin.ModelAdmin):
         adopt(obj, saved)
 
     def _each(self, request, queryset, service, done: str) -> None:
-        count = 0
-        for schedule in queryset:
-            try:
-                service(tenant=schedule.tenant_id, schedule_id=schedule.pk)
-            except DomainError as refusal:
-                self.message_user(request, f"{schedule}: {refusal.message}", messages.ERROR)
-            else:
-                count += 1
-        if count:
-            self.message_user(request, done.format(count=count), messages.SUCCESS)
+        act_on_each(
+            self,
+            request,
+            queryset,
+            lambda schedule: service(tenant=schedule.tenant_id, schedule_id=schedule.pk),
+            done_message=done,
+        )
 
     @admin.action(description="Pause selected schedules", permissions=["change"])
     def pause_selected(self, request, queryset) -> None:

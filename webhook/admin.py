@@ -7,12 +7,15 @@ import json
 
 from django import forms
 from django.contrib import admin, messages
+from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html
 
 from common.admin import (
+    ChoiceFilter,
     NeverDeletedAdmin,
     OneJobFilter,
+    act_on_each,
     adopt,
     change_link,
     moment,
@@ -73,21 +76,15 @@ def _as_form_error(check, value):
         raise forms.ValidationError(exc.message) from None
 
 
-class EndpointHealthFilter(admin.SimpleListFilter):
+class EndpointHealthFilter(ChoiceFilter):
     """Active endpoints whose every attempt fails (the console's "endpoints failing")."""
 
     title = "health"
     parameter_name = "health"
-
-    def lookups(self, request, model_admin):
-        return [("failing", "failing"), ("answering", "answering")]
-
-    def queryset(self, request, queryset):
-        if self.value() == "failing":
-            return queryset.filter(status=EndpointStatus.ACTIVE, failing_since__isnull=False)
-        if self.value() == "answering":
-            return queryset.filter(status=EndpointStatus.ACTIVE, failing_since__isnull=True)
-        return queryset
+    conditions = {
+        "failing": ("failing", Q(status=EndpointStatus.ACTIVE, failing_since__isnull=False)),
+        "answering": ("answering", Q(status=EndpointStatus.ACTIVE, failing_since__isnull=True)),
+    }
 
 
 @admin.register(WebhookEndpoint)
@@ -128,11 +125,7 @@ class WebhookEndpointAdmin(NeverDeletedAdmin, admin.ModelAdmin):
         )
 
     def _each(self, request, queryset, action) -> None:
-        for endpoint in queryset:
-            try:
-                action(endpoint)
-            except DomainError as exc:
-                messages.error(request, f"{endpoint.url}: {exc.message}")
+        act_on_each(self, request, queryset, action, named=lambda endpoint: endpoint.url)
 
     @admin.action(description="Rotate the signing secret", permissions=["change"])
     def rotate_secret(self, request, queryset) -> None:
@@ -312,22 +305,15 @@ class WebhookDeliveryAdmin(NeverDeletedAdmin, admin.ModelAdmin):
     @admin.action(description="Redeliver the selected deliveries", permissions=["redeliver"])
     def redeliver(self, request, queryset) -> None:
         """A delivered or failed delivery is attempted once more, due now."""
-        count = 0
-        for delivery_id in queryset.values_list("pk", flat=True):
-            try:
-                delivery_redeliver(delivery_id=delivery_id, actor=request.user)
-            except DomainError as refusal:
-                self.message_user(
-                    request, f"Delivery {delivery_id}: {refusal.message}", messages.WARNING
-                )
-            else:
-                count += 1
-        if count:
-            self.message_user(
-                request,
-                f"{count} delivery(ies) due again now: a worker attempts each next.",
-                messages.SUCCESS,
-            )
+        act_on_each(
+            self,
+            request,
+            queryset.values_list("pk", flat=True),
+            lambda delivery_id: delivery_redeliver(delivery_id=delivery_id, actor=request.user),
+            done_message="{count} delivery(ies) due again now: a worker attempts each next.",
+            refusal_level=messages.WARNING,
+            named=lambda delivery_id: f"Delivery {delivery_id}",
+        )
 
 
 @task_run_outcome("webhook.deliver")
