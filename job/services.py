@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -455,19 +456,17 @@ def job_complete(
 ) -> Job:
     """The worker's success report: the result, and the command's exit code and output."""
     _require_size("result", result, settings.JOB_RESULT_MAX_BYTES)
-    job = _locked(Job.objects.filter(automation_id=worker.automation_id), job_id)
-    was = job.status
-    event = job.complete(
-        claim_token=claim_token,
-        result=result,
-        now=timezone.now(),
-        output_tail=_tail(output_tail),
-        exit_code=exit_code,
+    return _end_reported(
+        worker,
+        job_id,
+        lambda job: job.complete(
+            claim_token=claim_token,
+            result=result,
+            now=timezone.now(),
+            output_tail=_tail(output_tail),
+            exit_code=exit_code,
+        ),
     )
-    if event is not None:
-        save_transition(job, was=was)
-        record_transition(job, event, actor=worker)
-    return job
 
 
 @transaction.atomic
@@ -485,16 +484,26 @@ def job_fail(
     ended with a non-zero code, else ``error``; a worker may say ``timeout``."""
     if reason is None:
         reason = Job.FailureReason.EXIT_CODE if exit_code else Job.FailureReason.ERROR
+    return _end_reported(
+        worker,
+        job_id,
+        lambda job: job.fail(
+            reason=reason,
+            now=timezone.now(),
+            error=error,
+            output_tail=_tail(output_tail),
+            exit_code=exit_code,
+            claim_token=claim_token,
+        ),
+    )
+
+
+def _end_reported(worker: Any, job_id: int, end: Callable[[Job], JobEvent | None]) -> Job:
+    """The worker's job of ``job_id``, locked, ended by ``end`` as the worker reported; a
+    repeated report changes nothing (``end`` returns no event) and is not written again."""
     job = _locked(Job.objects.filter(automation_id=worker.automation_id), job_id)
     was = job.status
-    event = job.fail(
-        reason=reason,
-        now=timezone.now(),
-        error=error,
-        output_tail=_tail(output_tail),
-        exit_code=exit_code,
-        claim_token=claim_token,
-    )
+    event = end(job)
     if event is not None:
         save_transition(job, was=was)
         record_transition(job, event, actor=worker)

@@ -56,6 +56,13 @@ def _idempotency_parameter() -> OpenApiParameter:
     )
 
 
+# What ``_created`` answers, in the schema of the operations that create a job.
+_CREATED_RESPONSES = {
+    201: JobOutput,
+    200: OpenApiResponse(JobOutput, description="A repeated request: the same job."),
+}
+
+
 def _created(job, created: bool) -> Response:
     """The new job (201), or the one a repeated request created (200)."""
     return Response(
@@ -94,8 +101,7 @@ class JobsApi(GenericAPIView):
         parameters=[_idempotency_parameter()],
         request=JobCreateInput,
         responses={
-            201: JobOutput,
-            200: OpenApiResponse(JobOutput, description="A repeated request: the same job."),
+            **_CREATED_RESPONSES,
             400: error_response(
                 "`invalid`, `unknown_automation`, `invalid_params`, `params_too_large`, "
                 "`invalid_idempotency_key`."
@@ -301,8 +307,7 @@ class JobRerunApi(APIView):
         parameters=[_idempotency_parameter()],
         request=None,
         responses={
-            201: JobOutput,
-            200: OpenApiResponse(JobOutput, description="A repeated request: the same job."),
+            **_CREATED_RESPONSES,
             400: error_response(
                 "`invalid_params`, `params_too_large` (the params against the automation's "
                 "schema of today), `invalid_idempotency_key`."

@@ -127,7 +127,7 @@ class JobStartApi(WorkerApi):
 class _JobReportApi(WorkerApi):
     # A worker's report on the job it holds, as _ScheduleMoveApi moves a schedule:
     # ``report_input`` checks the body, ``report`` is the one service call, ``answer``
-    # serializes the job. Each report documents its operation with extend_schema_view.
+    # serializes the job. Each report documents its operation with ``_report_schema``.
     report_input: type[serializers.Serializer]
     answer: type[serializers.Serializer]
 
@@ -141,17 +141,29 @@ class _JobReportApi(WorkerApi):
         return _answer(self.answer, job)
 
 
-@extend_schema_view(
-    post=change_schema(
-        HeartbeatOutput,
-        request=HeartbeatInput,
-        not_found=_NOT_FOUND,
-        conflicts=_REPORT_CONFLICTS,
-        operation_id="jobs_heartbeat",
-        tags=["worker"],
-        summary="Extend the claim's lease",
-        description="The answer's `cancel_requested` tells the worker to stop and report.",
+def _report_schema(answer, *, request, operation_id: str, summary: str, description: str):
+    """A report's operation: refused as every report is (another automation's job, a stale
+    claim), on the worker's side of the API."""
+    return extend_schema_view(
+        post=change_schema(
+            answer,
+            request=request,
+            not_found=_NOT_FOUND,
+            conflicts=_REPORT_CONFLICTS,
+            operation_id=operation_id,
+            tags=["worker"],
+            summary=summary,
+            description=description,
+        )
     )
+
+
+@_report_schema(
+    HeartbeatOutput,
+    request=HeartbeatInput,
+    operation_id="jobs_heartbeat",
+    summary="Extend the claim's lease",
+    description="The answer's `cancel_requested` tells the worker to stop and report.",
 )
 class JobHeartbeatApi(_JobReportApi):
     report_input = HeartbeatInput
@@ -159,21 +171,16 @@ class JobHeartbeatApi(_JobReportApi):
     answer = HeartbeatOutput
 
 
-@extend_schema_view(
-    post=change_schema(
-        ClaimedJobOutput,
-        request=CompleteInput,
-        not_found=_NOT_FOUND,
-        conflicts=_REPORT_CONFLICTS,
-        operation_id="jobs_complete",
-        tags=["worker"],
-        summary="Report success",
-        description=(
-            "Ends the job `succeeded` with its `result` and, optionally, the command's "
-            "`exit_code` and the end of its output (`output_tail`). Repeating the same "
-            "report returns the job unchanged."
-        ),
-    )
+@_report_schema(
+    ClaimedJobOutput,
+    request=CompleteInput,
+    operation_id="jobs_complete",
+    summary="Report success",
+    description=(
+        "Ends the job `succeeded` with its `result` and, optionally, the command's "
+        "`exit_code` and the end of its output (`output_tail`). Repeating the same "
+        "report returns the job unchanged."
+    ),
 )
 class JobCompleteApi(_JobReportApi):
     # A command's output may hold any character: what text cannot store is replaced.
@@ -183,20 +190,15 @@ class JobCompleteApi(_JobReportApi):
     answer = ClaimedJobOutput
 
 
-@extend_schema_view(
-    post=change_schema(
-        ClaimedJobOutput,
-        request=FailInput,
-        not_found=_NOT_FOUND,
-        conflicts=_REPORT_CONFLICTS,
-        operation_id="jobs_fail",
-        tags=["worker"],
-        summary="Report failure",
-        description=(
-            "Ends the job `failed`, or `canceled` when a cancellation was requested. "
-            "Repeating the same report returns the job unchanged."
-        ),
-    )
+@_report_schema(
+    ClaimedJobOutput,
+    request=FailInput,
+    operation_id="jobs_fail",
+    summary="Report failure",
+    description=(
+        "Ends the job `failed`, or `canceled` when a cancellation was requested. "
+        "Repeating the same report returns the job unchanged."
+    ),
 )
 class JobFailApi(_JobReportApi):
     # A command's output may hold any character: what text cannot store is replaced.
