@@ -174,6 +174,14 @@ def validated(serializer_class: type[serializers.Serializer], data) -> dict[str,
     return dict(serializer.validated_data)
 
 
+def check_window(attrs: dict[str, Any], after: str, before: str) -> None:
+    """A list filter's time window: its end (``before``) later than its start (``after``)
+    when both are given, else a 400 ``invalid`` on the end."""
+    start, end = attrs.get(after), attrs.get(before)
+    if start and end and start >= end:
+        raise serializers.ValidationError({before: [f"Must be later than {after}."]})
+
+
 class NeverDeleted:
     """``DELETE`` answers 405 with a pointer to the way out that exists: deactivation."""
 

@@ -14,7 +14,7 @@ from rest_framework import serializers
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import BasePermission
 
-from common.api import NewestFirstCursorPagination
+from common.api import NewestFirstCursorPagination, check_window
 from common.errors import InvalidInput
 from common.schema import error_response
 from outbox.models import Event
@@ -109,11 +109,7 @@ class EventListFilters(serializers.Serializer):
             raise serializers.ValidationError(
                 {"aggregate_id": ["Give aggregate_type with aggregate_id."]}
             )
-        after, before = attrs.get("occurred_after"), attrs.get("occurred_before")
-        if after and before and after >= before:
-            raise serializers.ValidationError(
-                {"occurred_before": ["Must be later than occurred_after."]}
-            )
+        check_window(attrs, "occurred_after", "occurred_before")
         return attrs
 
     def as_selector_filters(self) -> dict:

@@ -6,6 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from common.api import check_window
 from job.models import FailureReason, Job, JobStatus
 from job.selectors import PUBLIC_FIELDS, job_public
 
@@ -55,11 +56,7 @@ class JobListFilters(serializers.Serializer):
         return statuses
 
     def validate(self, attrs):
-        after, before = attrs.get("created_after"), attrs.get("created_before")
-        if after and before and after >= before:
-            raise serializers.ValidationError(
-                {"created_before": ["Must be later than created_after."]}
-            )
+        check_window(attrs, "created_after", "created_before")
         return attrs
 
     def as_selector_filters(self) -> dict:
