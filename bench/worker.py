@@ -37,6 +37,7 @@ machine is busy. The worker runs with ``DEBUG`` off, as in production.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -48,6 +49,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -395,8 +397,19 @@ def main() -> None:
         # Said before anything is measured, not as a traceback after the first contenders.
         parser.error("Celery is not installed: pip install -e '.[bench]', or pass --no-celery")
     require_quiet(args)
-    ensure_migrated()
+    with prepared():
+        if args.rabbitmq:
+            bench("rabbitmq", args.rabbitmq, args.concurrency, args.rounds, not args.no_celery)
+        if args.sqs:
+            settings.SQS_ENDPOINT_URL = start_moto()
+            bench("sqs", args.sqs, args.concurrency, args.rounds, False)
 
+
+@contextlib.contextmanager
+def prepared() -> Iterator[None]:
+    """The database migrated, the no-op task in the catalog, the benchmark's own exchange
+    and queues, nothing left from a crashed run; all of it removed at the end."""
+    ensure_migrated()
     catalog = json.loads((ROOT / "tasks.json").read_text())
     catalog["tasks"].append({"name": "bench.noop", "queue": "default"})
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
@@ -408,11 +421,7 @@ def main() -> None:
     settings.QUEUE_PREFIX = PREFIX
     purge()
     try:
-        if args.rabbitmq:
-            bench("rabbitmq", args.rabbitmq, args.concurrency, args.rounds, not args.no_celery)
-        if args.sqs:
-            settings.SQS_ENDPOINT_URL = start_moto()
-            bench("sqs", args.sqs, args.concurrency, args.rounds, False)
+        yield
     finally:
         os.unlink(handle.name)
         purge()
