@@ -165,6 +165,7 @@ class SQSConsumer(Consumer):
         by_queue: dict[str, list[Delivery]] = {}
         for delivery in deliveries:
             by_queue.setdefault(delivery.destination, []).append(delivery)
+        kept = 0
         for destination, given in by_queue.items():
             for start in range(0, len(given), MAX_RECEIVE):
                 entries = [
@@ -176,11 +177,22 @@ class SQSConsumer(Consumer):
                         QueueUrl=self._urls[destination], Entries=entries
                     ).get("Failed", [])
                 except (BotoCoreError, ClientError) as exc:
-                    logger.warning("could not give back %d messages: %s", len(entries), exc)
-                    continue
+                    failed, reason = entries, exc
+                else:
+                    reason = failed
                 if failed:
-                    logger.warning("could not give back %d messages: %s", len(failed), failed)
-        logger.info("gave back %d messages received while stopping", len(deliveries))
+                    kept += len(failed)
+                    logger.warning(
+                        "could not give back %d %s: %s",
+                        len(failed),
+                        "message" if len(failed) == 1 else "messages",
+                        reason,
+                    )
+        logger.info(
+            "gave back %d of %d messages received while stopping",
+            len(deliveries) - kept,
+            len(deliveries),
+        )
 
     # -- settling (any thread; boto3 clients are thread-safe) ------------------------------
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
 import pytest
 
+from broker import topology
+from broker.sqs.consumer import SQSConsumer, _delivery
+from broker.sqs.publisher import sqs_client
 from tests.worker.conftest import dispatch_work, executions, run_finished, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,3 +70,36 @@ def test_on_sqs_a_message_received_while_the_worker_stops_is_given_back_at_once(
     wait_for(lambda: run_finished(run_id), timeout=20, what="the other worker to run it")
     assert time.monotonic() - sent_at < 20
     assert len(executions(run_id)) == 1
+
+
+@pytest.mark.parametrize("broker", ["sqs"], indirect=True)
+def test_on_sqs_giving_back_says_how_many_went_back_and_how_many_did_not(broker, relay, caplog):
+    consumer = SQSConsumer()
+    consumer.start(["default"], prefetch=4)
+    consumer.close()  # its queue known, its pollers gone: nothing received by them
+    client = sqs_client()
+    url = client.get_queue_url(QueueName=topology.queue_name("default"))["QueueUrl"]
+    for number in range(3):
+        client.send_message(QueueUrl=url, MessageBody=f"given back {number}")
+    received = []
+    while len(received) < 3:
+        received += client.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=3, VisibilityTimeout=60, WaitTimeSeconds=1
+        ).get("Messages", [])
+    # One of them is gone meanwhile: its receipt gives nothing back any more.
+    client.delete_message(QueueUrl=url, ReceiptHandle=received[0]["ReceiptHandle"])
+    deliveries = [_delivery("default", message) for message in received]
+
+    with caplog.at_level(logging.INFO, logger="hubdommed.worker"):
+        consumer._make_visible(client, deliveries)
+
+    lines = [record.getMessage() for record in caplog.records]
+    assert any(line.startswith("could not give back 1 message") for line in lines), lines
+    assert "gave back 2 of 3 messages received while stopping" in lines, lines
+    again = client.receive_message(QueueUrl=url, MaxNumberOfMessages=3, WaitTimeSeconds=1).get(
+        "Messages", []
+    )
+    assert sorted(message["Body"] for message in again) == sorted(
+        message["Body"] for message in received[1:]
+    )
+    client.close()
