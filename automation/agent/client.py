@@ -110,18 +110,21 @@ class HubClient:
 
     def me(self) -> AutomationInfo:
         body = self._call("GET", "/worker/me")
-        automation = body["automation"]
-        return AutomationInfo(
-            id=automation["id"],
-            slug=automation["slug"],
-            command=list(automation["command"]),
-            timeout_seconds=int(automation["timeout_seconds"]),
-            max_concurrency=int(automation["max_concurrency"]),
-        )
+        try:
+            automation = body["automation"]
+            return AutomationInfo(
+                id=automation["id"],
+                slug=automation["slug"],
+                command=list(automation["command"]),
+                timeout_seconds=int(automation["timeout_seconds"]),
+                max_concurrency=int(automation["max_concurrency"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HubError(f"GET /worker/me: an answer without the automation: {exc!r}") from exc
 
     def pending_jobs(self, *, limit: int = 20) -> list[dict[str, Any]]:
         """The automation's pending jobs, oldest first: ``{"id", "created_at", "traceparent"}``."""
-        return list(self._call("GET", "/worker/jobs", params={"limit": limit}))
+        return self._call("GET", "/worker/jobs", params={"limit": limit}, answer=list)
 
     def claim(self, job_id: int) -> dict[str, Any]:
         job = self._call("POST", f"/jobs/{job_id}/start", refusal=ClaimRefused)
@@ -153,7 +156,12 @@ class HubClient:
             "POST", f"/jobs/{job_id}/fail", json={"claim_token": claim_token, **report}
         )
 
-    def _call(self, method: str, path: str, *, refusal=HubError, **kwargs: Any) -> Any:
+    def _call(
+        self, method: str, path: str, *, refusal=HubError, answer: type = dict, **kwargs: Any
+    ) -> Any:
+        """The hub's answer, a JSON ``answer`` (every worker call answers an object, the
+        poll a list). Anything else is a ``HubError``: a refusal, or, retryable, the hub
+        unreachable or an answer it never gives (cut short, empty, a proxy's page)."""
         try:
             response = self.session.request(
                 method, self.base_url + path, timeout=self.timeout, headers=_headers(), **kwargs
@@ -162,10 +170,16 @@ class HubClient:
             raise HubError(f"{method} {path}: hub unreachable: {exc}") from exc
         if response.status_code < 400:
             try:
-                return response.json() if response.content else None
+                body = response.json()
             except ValueError as exc:
                 # An answer cut short (the hub or the network went away mid-answer).
                 raise HubError(f"{method} {path}: unreadable answer: {exc}") from exc
+            if not isinstance(body, answer):
+                raise HubError(
+                    f"{method} {path}: a {response.status_code} answer that is not a JSON "
+                    f"{'list' if answer is list else 'object'}: {response.text[:200]!r}"
+                )
+            return body
         try:
             error = response.json()["error"]
             code, message = error["code"], error["message"]
