@@ -11,6 +11,11 @@ port is checked free by binding it, and not handed out again by one process soon
 Runs beside each other on one machine (each with its own ``QUEUE_PREFIX``) mostly draw
 from different blocks of slices: a port checked free by one could be taken by the other
 before its server binds it.
+
+A system started the way ``make run`` starts it listens on PORT and on PORT + 100, 200, ...
+500 (honcho's ports, one a Procfile line): ``free_port_with`` finds a PORT whose every
+such port is in this worker's slice too, so that no other worker draws one of them while
+the system starts. A slice is wide enough for that.
 """
 
 from __future__ import annotations
@@ -22,15 +27,17 @@ import socket
 import threading
 import zlib
 from collections import deque
+from collections.abc import Iterable
 
 HOST = "127.0.0.1"
-# 20000-31999: under Linux's default ephemeral range (32768-60999), above the well-known
-# services' ports the machine runs (PostgreSQL, RabbitMQ, Redis, Erlang's epmd). Six blocks
-# (one a run) of eight slices (one a worker) of 250 ports.
+# 20000-29599: under Linux's default ephemeral range (32768-60999), above the well-known
+# services' ports the machine runs (PostgreSQL, RabbitMQ, Redis, Erlang's epmd). Two blocks
+# (one a run) of eight slices (one a worker) of 600 ports: a ``make run`` system's ports
+# (PORT to PORT + 500) fit in one slice.
 FIRST_PORT = 20000
-SLICE = 250
+SLICE = 600
 SLICES_PER_BLOCK = 8
-BLOCKS = 6
+BLOCKS = 2
 
 _lock = threading.Lock()
 # The ports handed out lately: not again while their servers may still be starting. Bounded,
@@ -61,16 +68,27 @@ def _bindable(port: int) -> bool:
 
 def free_port() -> int:
     """A loopback port nothing listens on, from this worker's slice."""
+    return free_port_with((0,))
+
+
+def free_port_with(offsets: Iterable[int]) -> int:
+    """A port P of this worker's slice with P + each offset free and in the slice too; none
+    of them is handed out again by this process soon after."""
+    offsets = sorted(set(offsets))
     block = run_block() * SLICES_PER_BLOCK
     start = FIRST_PORT + (block + worker_slot() % SLICES_PER_BLOCK) * SLICE
+    room = SLICE - offsets[-1]
     # A random place to begin: another run on the machine (its own gw0) walks the same
     # slice, and rarely from the same place.
-    offset = random.randrange(SLICE)
+    first = random.randrange(room)
     with _lock:
-        for step in range(SLICE):
-            port = start + (offset + step) % SLICE
-            if port in _handed_out or not _bindable(port):
+        for step in range(room):
+            port = start + (first + step) % room
+            wanted = [port + offset for offset in offsets]
+            if any(p in _handed_out or not _bindable(p) for p in wanted):
                 continue
-            _handed_out.append(port)
+            _handed_out.extend(wanted)
             return port
-    raise RuntimeError(f"no free loopback port in {start}-{start + SLICE - 1}")
+    raise RuntimeError(
+        f"no loopback port in {start}-{start + SLICE - 1} with {offsets} free beside it"
+    )

@@ -26,7 +26,7 @@ from job.services import job_create
 from tests.e2e.conftest import ROOT, job_status
 from tests.factories import PlatformAdminFactory
 from tests.polling import wait_until
-from tests.ports import free_port
+from tests.ports import free_port_with
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -36,7 +36,8 @@ class Stack:
 
     def __init__(self, settings, tmp_path: Path) -> None:
         db = connection.settings_dict
-        self.port = free_port()
+        # The API's port and its daemons' (make run's: 100 apart, up to the stream's + 500).
+        self.port = free_port_with(range(0, 600, 100))
         self.machines = tmp_path / "machines"
         self.logs = tmp_path
         self.env = {

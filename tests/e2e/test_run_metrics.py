@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from django.db import connection
 
 from tests.e2e.conftest import ROOT
 from tests.polling import wait_until
-from tests.ports import HOST, free_port
+from tests.ports import free_port, free_port_with
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -29,30 +28,12 @@ DAEMONS = {"relay": 100, "worker": 200, "monitor": 300, "scheduler": 400}
 SERVERS = {"api": 0, "stream": 500}
 
 
-def bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
 def base_port(systems: int) -> int:
-    """A PORT whose daemons' ports, and the next ``systems - 1`` PORTs' too, are free."""
-
-    def fits(port: int) -> bool:
-        return all(
-            bindable(port + n + offset)
-            for n in range(systems)
-            for offset in (*SERVERS.values(), *DAEMONS.values())
-        )
-
-    def candidate() -> int | None:
-        port = free_port()
-        return port if fits(port) else None
-
-    return wait_until(candidate, timeout=30)
+    """A PORT whose daemons' ports, and the next ``systems - 1`` PORTs' too, are free (and
+    in this worker's slice: no other worker takes one while the systems start)."""
+    return free_port_with(
+        n + offset for n in range(systems) for offset in (*SERVERS.values(), *DAEMONS.values())
+    )
 
 
 class System:
