@@ -77,14 +77,18 @@ _BACK_OFF = """
 
 # Why the broker refused a run's message, for an operator. SKIP LOCKED: a run a worker
 # holds right now is not waited for (the note is only information, the batch's locks must
-# not wait on a worker's, which may wait on this batch's rows).
+# not wait on a worker's, which may wait on this batch's rows). The runs are found by key
+# and their status checked once locked, as the worker's statements do (``outbox.runs``):
+# a status condition on ``task_runs`` itself may walk every unfinished run.
 _NOTE_REFUSAL = """
+    WITH locked AS MATERIALIZED (
+        SELECT run_id, status FROM task_runs
+         WHERE run_id = ANY(%(run_ids)s::uuid[])
+         ORDER BY run_id FOR UPDATE SKIP LOCKED)
     UPDATE task_runs AS run SET last_error = 'Refused by the broker: ' || refused.why
-      FROM unnest(%s::uuid[], %s::text[]) AS refused(run_id, why)
+      FROM unnest(%(run_ids)s::uuid[], %(whys)s::text[]) AS refused(run_id, why)
      WHERE run.run_id = refused.run_id
-       AND run.run_id IN (SELECT run_id FROM task_runs
-                           WHERE run_id = ANY(%s::uuid[]) AND status IN ('queued', 'retrying')
-                           ORDER BY run_id FOR UPDATE SKIP LOCKED)
+       AND run.run_id IN (SELECT run_id FROM locked WHERE status IN ('queued', 'retrying'))
 """
 
 
@@ -115,11 +119,10 @@ class DueBatch:
             refused = [(run_ids[key], why) for key, why in result.rejected.items()]
             cursor.execute(
                 _NOTE_REFUSAL,
-                [
-                    [run_id for run_id, _ in refused],
-                    [why for _, why in refused],
-                    [run_id for run_id, _ in refused],
-                ],
+                {
+                    "run_ids": [run_id for run_id, _ in refused],
+                    "whys": [why for _, why in refused],
+                },
             )
 
     def commit(self, result: SendResult) -> None:

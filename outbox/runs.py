@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import itertools
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterator, Sequence
@@ -37,15 +38,45 @@ from outbox.models import TaskRun
 from outbox.rearm import rearm_outbox_row
 from outbox.services import publish
 
+# Statements that change several rows first lock them in run_id order (``locked``: a
+# materialized CTE, evaluated whole, by key, before the first row changes), so that two
+# workers whose windows share runs never deadlock. The status a statement requires is
+# checked on the rows ``locked`` holds (as they are now, after any wait for their lock),
+# never as a condition on ``task_runs`` itself: there the planner may answer it from
+# ``task_runs_unfinished_idx`` and walk every unfinished run of the table for a window of
+# 64 (with statistics taken before a burst of queued runs, a claim took 100 ms and grew
+# with the backlog). The rows are found by their key, whatever the statistics say.
+_LOCKED = """
+    WITH locked AS MATERIALIZED (
+        SELECT run_id, status, lease_expires_at FROM task_runs
+         WHERE run_id = ANY(%(run_ids)s::uuid[])
+         ORDER BY run_id FOR UPDATE)
+"""
+
+# Statements that change several rows first lock them in run_id order (``locked``: a
+# materialized CTE, evaluated whole, by key, before the first row changes), so that two
+# workers whose windows share runs never deadlock. The status a statement requires is
+# checked on the rows ``locked`` holds (as they are now, after any wait for their lock),
+# never as a condition on ``task_runs`` itself: there the planner may answer it from
+# ``task_runs_unfinished_idx`` and walk every unfinished run of the table for a window of
+# 64 (with statistics taken before a burst of queued runs, a claim took 100 ms and grew
+# with the backlog). The rows are found by their key, whatever the statistics say.
+_LOCKED = """
+    WITH locked AS MATERIALIZED (
+        SELECT run_id, status, lease_expires_at FROM task_runs
+         WHERE run_id = ANY(%(run_ids)s::uuid[])
+         ORDER BY run_id FOR UPDATE)
+"""
+
 # The claim of a window of runs, one statement and its own (autocommit) transaction, each
 # run with its holder: a run becomes ``running`` under its holder's lease only if nobody
 # holds it: it is ``queued`` or ``retrying``, or ``running`` under a lease that expired
 # (its holder died or lost touch). Two claims of one run at the same moment queue on the
 # row lock, and the second then re-checks the row as the first left it (READ COMMITTED):
 # exactly one of them wins.
-# Statements that change several rows first lock them in run_id order (the ``IN`` subquery
-# with ``FOR UPDATE`` is a hashed subplan, evaluated whole before the first row changes).
-_CLAIM_MANY = """
+_CLAIM_MANY = (
+    _LOCKED  # noqa: S608 (the module's own constants, joined)
+    + """
     UPDATE task_runs AS run
        SET receive_count = run.receive_count + 1, status = 'running',
            started_at = coalesce(run.started_at, clock_timestamp()), finished_at = NULL,
@@ -55,46 +86,49 @@ _CLAIM_MANY = """
       FROM unnest(%(run_ids)s::uuid[], %(holders)s::text[], %(seconds)s::float8[])
            AS wanted(run_id, holder, seconds)
      WHERE run.run_id = wanted.run_id
-       AND run.run_id IN (SELECT run_id FROM task_runs WHERE run_id = ANY(%(run_ids)s::uuid[])
-                           ORDER BY run_id FOR UPDATE)
-       AND (run.status IN ('queued', 'retrying')
-            OR (run.status = 'running'
-                AND (run.lease_expires_at IS NULL OR run.lease_expires_at <= clock_timestamp())))
- RETURNING run.run_id, run.receive_count
+       AND run.run_id IN (
+           SELECT run_id FROM locked
+            WHERE status IN ('queued', 'retrying')
+               OR (status = 'running'
+                   AND (lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())))
+ RETURNING run.run_id::text, run.receive_count
 """
+)
 
 _LOOK_MANY = """
-    SELECT run_id, status, receive_count,
+    SELECT run_id::text, status, receive_count,
            extract(epoch FROM lease_expires_at - clock_timestamp())::float8, lease_holder
       FROM task_runs
      WHERE run_id = ANY(%s::uuid[])
 """
 
 # The heartbeat: one statement for every run this process holds.
-_EXTEND = """
+_EXTEND = (
+    _LOCKED  # noqa: S608 (the module's own constants, joined)
+    + """
     UPDATE task_runs AS run
        SET lease_expires_at = clock_timestamp() + held.seconds * interval '1 second'
       FROM unnest(%(run_ids)s::uuid[], %(holders)s::text[], %(seconds)s::float8[])
            AS held(run_id, holder, seconds)
      WHERE run.run_id = held.run_id AND run.lease_holder = held.holder
-       AND run.status = 'running'
-       AND run.run_id IN (SELECT run_id FROM task_runs WHERE run_id = ANY(%(run_ids)s::uuid[])
-                           ORDER BY run_id FOR UPDATE)
+       AND run.run_id IN (SELECT run_id FROM locked WHERE status = 'running')
  RETURNING run.lease_holder
 """
+)
 
 # The group commit of successes: each by its holder, while it holds the run.
-_SUCCEEDED_MANY = """
+_SUCCEEDED_MANY = (
+    _LOCKED  # noqa: S608 (the module's own constants, joined)
+    + """
     UPDATE task_runs AS run
        SET status = 'succeeded', finished_at = clock_timestamp(),
            updated_at = clock_timestamp(), lease_expires_at = NULL
       FROM unnest(%(run_ids)s::uuid[], %(holders)s::text[]) AS done(run_id, holder)
      WHERE run.run_id = done.run_id AND run.lease_holder = done.holder
-       AND run.status = 'running'
-       AND run.run_id IN (SELECT run_id FROM task_runs WHERE run_id = ANY(%(run_ids)s::uuid[])
-                           ORDER BY run_id FOR UPDATE)
- RETURNING run.run_id
+       AND run.run_id IN (SELECT run_id FROM locked WHERE status = 'running')
+ RETURNING run.run_id::text
 """
+)
 
 # A claim that keeps losing to status changes (released, retried meanwhile) stops trying.
 CLAIM_ATTEMPTS = 3
@@ -127,12 +161,52 @@ class Lease:
     interval: float
 
 
-def _held(leases: Sequence[Lease]) -> dict[str, list]:
+def _held(leases: Sequence[Lease]) -> dict[str, str]:
     # The runs and their holders, side by side: the statements unnest them as pairs.
     return {
-        "run_ids": [uuid.UUID(lease.run_id) for lease in leases],
-        "holders": [lease.holder for lease in leases],
+        "run_ids": uuid_array([lease.run_id for lease in leases]),
+        "holders": text_array([lease.holder for lease in leases]),
     }
+
+
+# The hot statements' arrays go as one array literal each, cast by the statement
+# (``%s::uuid[]``): psycopg's list dumper quotes each element in Python, and wants run ids
+# as ``uuid.UUID`` objects first, which together were a fifth of a window's claim and
+# commit in the worker's profile. PostgreSQL parses the same literal either way.
+_UUID = r"[0-9a-f]{8}-(?:[0-9a-f]{4}-){3}[0-9a-f]{12}"
+_ONE_RUN_ID = re.compile(_UUID)
+_RUN_IDS = re.compile(rf"(?:{_UUID},)*{_UUID}")
+
+
+def canonical_run_id(value: Any) -> str:
+    """A run id in the one form the statements compare and return (lowercase, hyphened):
+    any form ``uuid.UUID`` reads; ``ValueError`` for what is not a UUID."""
+    if isinstance(value, str) and _ONE_RUN_ID.fullmatch(value):
+        return value
+    return str(uuid.UUID(str(value)))
+
+
+def uuid_array(run_ids: Sequence[str]) -> str:
+    """``{id,id,...}``: the run ids as one ``uuid[]`` literal (each checked)."""
+    joined = ",".join(run_ids)
+    if joined and not _RUN_IDS.fullmatch(joined):
+        joined = ",".join(canonical_run_id(run_id) for run_id in run_ids)
+    return "{" + joined + "}"
+
+
+def text_array(values: Sequence[str]) -> str:
+    """``{"a","b",...}``: the strings as one ``text[]`` literal, each quoted."""
+    if not values:
+        return "{}"
+    together = "".join(values)
+    if '"' in together or "\\" in together:
+        values = [value.replace("\\", "\\\\").replace('"', '\\"') for value in values]
+    return '{"' + '","'.join(values) + '"}'
+
+
+def float_array(values: Sequence[float]) -> str:
+    """``{1.0,2.5,...}``: the numbers as one ``float8[]`` literal."""
+    return "{" + ",".join([repr(float(value)) for value in values]) + "}"
 
 
 def new_holder() -> str:
@@ -197,9 +271,9 @@ class RunLedger:
         nobody holds (plus one look at the others); two copies of one run in the window:
         the first claims it, the second finds it held (BUSY)."""
         results: dict[str, Started] = {}
-        wanted: dict[uuid.UUID, tuple[dict[str, Any], str, float]] = {}
+        wanted: dict[str, tuple[dict[str, Any], str, float]] = {}
         for envelope, holder, seconds in claims:
-            run_id = uuid.UUID(str(envelope["run_id"]))
+            run_id = canonical_run_id(envelope["run_id"])
             if run_id in wanted:
                 results[holder] = Started(
                     Begin.BUSY,
@@ -219,9 +293,9 @@ class RunLedger:
                 cursor.execute(
                     _CLAIM_MANY,
                     {
-                        "run_ids": run_ids,
-                        "holders": [wanted[run_id][1] for run_id in run_ids],
-                        "seconds": [wanted[run_id][2] for run_id in run_ids],
+                        "run_ids": uuid_array(run_ids),
+                        "holders": text_array([wanted[run_id][1] for run_id in run_ids]),
+                        "seconds": float_array([wanted[run_id][2] for run_id in run_ids]),
                     },
                 )
                 for run_id, receive_count in cursor.fetchall():
@@ -229,7 +303,7 @@ class RunLedger:
                     results[holder] = Started(Begin.RUN, receive_count, TaskRun.Status.RUNNING)
                 if not wanted:
                     break
-                cursor.execute(_LOOK_MANY, [list(wanted)])
+                cursor.execute(_LOOK_MANY, [uuid_array(list(wanted))])
                 found = {row[0]: row[1:] for row in cursor.fetchall()}
                 for run_id in list(wanted):
                     envelope, holder, _ = wanted[run_id]
@@ -269,9 +343,7 @@ class RunLedger:
         if seconds is None:
             seconds = [lease.seconds for lease in leases]
         with _prepared_cursor() as cursor:
-            cursor.execute(
-                _EXTEND, {**_held(leases), "seconds": [float(value) for value in seconds]}
-            )
+            cursor.execute(_EXTEND, {**_held(leases), "seconds": float_array(seconds)})
             return {holder for (holder,) in cursor.fetchall()}
 
     def succeeded_many(self, leases: Sequence[Lease]) -> set[str]:
@@ -282,7 +354,7 @@ class RunLedger:
             return set()
         with _prepared_cursor() as cursor:
             cursor.execute(_SUCCEEDED_MANY, _held(leases))
-            return {str(run_id) for (run_id,) in cursor.fetchall()}
+            return {run_id for (run_id,) in cursor.fetchall()}
 
     def retrying(
         self,
@@ -364,7 +436,7 @@ def requeue_failed_run(run_id: str) -> bool:
     return bool(TaskRun.objects.filter(run_id=run_id).start_afresh())
 
 
-def _record_unknown_run(run_id: uuid.UUID, envelope: dict[str, Any]) -> None:
+def _record_unknown_run(run_id: str, envelope: dict[str, Any]) -> None:
     """Written by dispatch with the outbox row; a message without one (sent by hand, say)
     still gets its record, ``queued``, for the claim that follows."""
     TaskRun.objects.bulk_create(

@@ -58,7 +58,15 @@ from common.context import log_context
 from lifecycle.failures import log_failure
 from outbox.catalog import DEFAULT_TIME_LIMIT_SECONDS, RetryPolicy, get_catalog
 from outbox.handlers import TaskMessage, get_handler
-from outbox.runs import Begin, Lease, RunLedger, Started, held_here, new_holder
+from outbox.runs import (
+    Begin,
+    Lease,
+    RunLedger,
+    Started,
+    canonical_run_id,
+    held_here,
+    new_holder,
+)
 from outbox.task_errors import UnknownTaskHandler
 from worker import metrics, retries
 from worker.come_back import ComeBack, for_consumer
@@ -237,7 +245,7 @@ class TaskProcessor:
                     heartbeat_interval(destination),
                 )
             prepared.lease = Lease(
-                run_id=str(prepared.envelope["run_id"]),
+                run_id=canonical_run_id(prepared.envelope["run_id"]),
                 holder=new_holder(),
                 seconds=timing[0],
                 interval=timing[1],

@@ -1,0 +1,146 @@
+"""The statements on a window of runs read the window's rows, not the backlog behind them.
+
+The worker claims, extends and commits the runs of a window by key (``outbox.runs``), and
+the relay notes the broker's refusals on the runs of a batch (``outbox.delivery``). Each
+also requires a status (a claim takes a ``queued`` run, a commit a ``running`` one), and
+``task_runs_unfinished_idx`` answers "every run of that status": a planner that trusts
+statistics taken before a burst (a history of finished runs, then thousands queued at
+once, fewer than autovacuum's threshold for a new ``ANALYZE``) took that path and walked
+every queued run for each window of 64: 100 ms a claim at a backlog of 10,000, growing
+with it, just when the burst needs the worker fastest.
+
+The plans are taken in that very state, prepared as the worker prepares them, with
+PostgreSQL's own choice between a custom and a generic plan forced each way; what each
+must show is that its scans read a bounded number of rows per run of the window.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+
+import pytest
+from django.db import connection, transaction
+
+from outbox import delivery, runs
+from tests.plans import nodes
+
+pytestmark = pytest.mark.django_db
+
+HISTORY = 20_000
+QUEUED = 5_000
+RUNNING = 1_000
+WINDOW = 64
+# Rows the scans of one statement may read per run of its window (the lock's, the join's,
+# the unnest's: a handful each), whatever the backlog.
+ROWS_PER_RUN = 10
+
+
+def insert_runs(count: int, status: str, holder: str = "", lease: str = "NULL") -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO task_runs (run_id, task, queue, event, status, receive_count,
+                                   last_error, correlation_id, updated_at, lease_holder,
+                                   lease_expires_at)
+            SELECT gen_random_uuid(), 'plans.noop', 'default', '', %s, 1, '', '',
+                   clock_timestamp(), %s, {lease}
+              FROM generate_series(1, %s)
+            RETURNING run_id::text
+            """,  # noqa: S608 (the lease's expression is the test's own)
+            [status, holder, count],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+@pytest.fixture
+def burst():
+    """A history of finished runs, analysed; then a burst of queued runs and other
+    workers' running ones, which the statistics do not know of yet."""
+    insert_runs(HISTORY, "succeeded")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE task_runs")
+    queued = insert_runs(QUEUED, "queued")
+    insert_runs(RUNNING, "running", "elsewhere", "clock_timestamp() + interval '1 hour'")
+    # The window: runs from all over the backlog (one every so often).
+    window = queued[:: QUEUED // WINDOW][:WINDOW]
+    assert len(window) == WINDOW
+    return window
+
+
+def table_rows_read(plan: dict) -> tuple[set[str], int]:
+    """The indexes scanned, and the rows the scans of ``task_runs`` and its indexes read
+    (kept or thrown away; the window's own arrays, rescanned in a join, are not counted)."""
+    scans = [node for node in nodes(plan) if "Index Name" in node or "Relation Name" in node]
+    scans = [node for node in scans if node["Node Type"].endswith("Scan")]
+    indexes = {node["Index Name"] for node in scans if "Index Name" in node}
+    read = sum(
+        node["Actual Rows"] * node["Actual Loops"]
+        + node.get("Rows Removed by Filter", 0)
+        + node.get("Rows Removed by Index Recheck", 0)
+        for node in scans
+    )
+    return indexes, read
+
+
+def prepared_plans(sql: str, params: dict[str, tuple[str, str]]) -> list[dict]:
+    """``sql``'s plans as run (in a savepoint each, rolled back), prepared with typed
+    parameters as the worker's cursor prepares it, custom and generic."""
+    order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
+    text = re.sub(r"%\((\w+)\)s", lambda m: f"${order.index(m.group(1)) + 1}", sql)
+    types = ", ".join(re.sub(r"^.*::", "", params[name][0]) for name in order)
+    name = f"plan_{uuid.uuid4().hex[:8]}"
+    plans = []
+    with connection.cursor() as cursor:
+        cursor.execute(f"PREPARE {name}({types}) AS {text}")
+        for mode in ("force_custom_plan", "force_generic_plan"):
+            with transaction.atomic():
+                cursor.execute(f"SET LOCAL plan_cache_mode = {mode}")
+                placeholders = ", ".join(["%s"] * len(order))
+                cursor.execute(
+                    f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({placeholders})",
+                    [params[key][1] for key in order],
+                )
+                (document,) = cursor.fetchone()
+                if isinstance(document, str):
+                    document = json.loads(document)
+                plans.append(document[0]["Plan"])
+                transaction.set_rollback(True)
+        cursor.execute(f"DEALLOCATE {name}")
+    return plans
+
+
+def statements(window: list[str]) -> dict[str, tuple[str, dict[str, tuple[str, str]]]]:
+    ids = ("uuid[]", runs.uuid_array(window))
+    holders = ("text[]", runs.text_array([f"me-{number}" for number in range(len(window))]))
+    seconds = ("float8[]", runs.float_array([30.0] * len(window)))
+    whys = ("text[]", runs.text_array(["refused"] * len(window)))
+    return {
+        "claim": (runs._CLAIM_MANY, {"run_ids": ids, "holders": holders, "seconds": seconds}),
+        "extend": (runs._EXTEND, {"run_ids": ids, "holders": holders, "seconds": seconds}),
+        "commit": (runs._SUCCEEDED_MANY, {"run_ids": ids, "holders": holders}),
+        "refusal": (delivery._NOTE_REFUSAL, {"run_ids": ids, "whys": whys}),
+    }
+
+
+@pytest.mark.parametrize("statement", ["claim", "extend", "commit", "refusal"])
+def test_a_window_statement_reads_the_window_not_the_backlog(burst, statement):
+    if statement in ("extend", "commit"):
+        # The window held by this worker, as after its claim.
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE task_runs SET status = 'running', lease_holder = 'me-' || ordinal - 1,"
+                " lease_expires_at = clock_timestamp() + interval '1 minute'"
+                "  FROM unnest(%s::uuid[]) WITH ORDINALITY AS w(run_id, ordinal)"
+                " WHERE task_runs.run_id = w.run_id",
+                [runs.uuid_array(burst)],
+            )
+    sql, params = statements(burst)[statement]
+    for plan in prepared_plans(sql, params):
+        indexes, read = table_rows_read(plan)
+        assert read <= ROWS_PER_RUN * WINDOW, (statement, indexes, read)
+        assert "task_runs_unfinished_idx" not in indexes, (statement, indexes)
+        # And it did its work: every run of the window was found and changed.
+        (source,) = [node for node in plan["Plans"] if node["Parent Relationship"] == "Outer"]
+        assert source["Actual Rows"] == WINDOW, (statement, source["Actual Rows"])
