@@ -24,9 +24,13 @@ def nodes(plan: dict):
         yield from nodes(child)
 
 
-def rows_read(plan: dict) -> tuple[set[str], int]:
-    """The indexes scanned, and the rows the scans read (kept or thrown away)."""
+def rows_read(plan: dict, *, tables_only: bool = False) -> tuple[set[str], int]:
+    """The indexes scanned, and the rows the scans read (kept or thrown away); with
+    ``tables_only``, the scans of tables and indexes alone (not of a function's or a CTE's
+    rows, which a join may scan again for each of its rows)."""
     scans = [node for node in nodes(plan) if node["Node Type"].endswith("Scan")]
+    if tables_only:
+        scans = [node for node in scans if "Relation Name" in node or "Index Name" in node]
     indexes = {node["Index Name"] for node in scans if "Index Name" in node}
     read = sum(
         node["Actual Rows"] * node["Actual Loops"]

@@ -24,7 +24,7 @@ import pytest
 from django.db import connection, transaction
 
 from outbox import delivery, runs
-from tests.plans import nodes
+from tests.plans import rows_read
 
 pytestmark = pytest.mark.django_db
 
@@ -67,21 +67,6 @@ def burst():
     window = queued[:: QUEUED // WINDOW][:WINDOW]
     assert len(window) == WINDOW
     return window
-
-
-def table_rows_read(plan: dict) -> tuple[set[str], int]:
-    """The indexes scanned, and the rows the scans of ``task_runs`` and its indexes read
-    (kept or thrown away; the window's own arrays, rescanned in a join, are not counted)."""
-    scans = [node for node in nodes(plan) if "Index Name" in node or "Relation Name" in node]
-    scans = [node for node in scans if node["Node Type"].endswith("Scan")]
-    indexes = {node["Index Name"] for node in scans if "Index Name" in node}
-    read = sum(
-        node["Actual Rows"] * node["Actual Loops"]
-        + node.get("Rows Removed by Filter", 0)
-        + node.get("Rows Removed by Index Recheck", 0)
-        for node in scans
-    )
-    return indexes, read
 
 
 def prepared_plans(sql: str, params: dict[str, tuple[str, str]]) -> list[dict]:
@@ -138,7 +123,7 @@ def test_a_window_statement_reads_the_window_not_the_backlog(burst, statement):
             )
     sql, params = statements(burst)[statement]
     for plan in prepared_plans(sql, params):
-        indexes, read = table_rows_read(plan)
+        indexes, read = rows_read(plan, tables_only=True)
         assert read <= ROWS_PER_RUN * WINDOW, (statement, indexes, read)
         assert "task_runs_unfinished_idx" not in indexes, (statement, indexes)
         # And it did its work: every run of the window was found and changed.
