@@ -53,21 +53,6 @@ _LOCKED = """
          ORDER BY run_id FOR UPDATE)
 """
 
-# Statements that change several rows first lock them in run_id order (``locked``: a
-# materialized CTE, evaluated whole, by key, before the first row changes), so that two
-# workers whose windows share runs never deadlock. The status a statement requires is
-# checked on the rows ``locked`` holds (as they are now, after any wait for their lock),
-# never as a condition on ``task_runs`` itself: there the planner may answer it from
-# ``task_runs_unfinished_idx`` and walk every unfinished run of the table for a window of
-# 64 (with statistics taken before a burst of queued runs, a claim took 100 ms and grew
-# with the backlog). The rows are found by their key, whatever the statistics say.
-_LOCKED = """
-    WITH locked AS MATERIALIZED (
-        SELECT run_id, status, lease_expires_at FROM task_runs
-         WHERE run_id = ANY(%(run_ids)s::uuid[])
-         ORDER BY run_id FOR UPDATE)
-"""
-
 # The claim of a window of runs, one statement and its own (autocommit) transaction, each
 # run with its holder: a run becomes ``running`` under its holder's lease only if nobody
 # holds it: it is ``queued`` or ``retrying``, or ``running`` under a lease that expired

@@ -74,7 +74,7 @@ def prepared_plans(sql: str, params: dict[str, tuple[str, str]]) -> list[dict]:
     parameters as the worker's cursor prepares it, custom and generic."""
     order = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
     text = re.sub(r"%\((\w+)\)s", lambda m: f"${order.index(m.group(1)) + 1}", sql)
-    types = ", ".join(re.sub(r"^.*::", "", params[name][0]) for name in order)
+    types = ", ".join(params[name][0] for name in order)
     name = f"plan_{uuid.uuid4().hex[:8]}"
     plans = []
     with connection.cursor() as cursor:
