@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Now
 from django.db.models.lookups import Exact
 from django.utils import timezone
 
@@ -150,28 +149,12 @@ RUN_WAYS_FORWARD = {
 
 
 class TaskRunQuerySet(models.QuerySet):
-    """The transitions of task runs, each one guarded ``UPDATE``: a run moves only from the
-    states named here, whatever another process did to it meanwhile (the worker's bulk
-    claim and settle, in ``outbox.runs``, are statements of their own)."""
+    """The one transition of task runs that takes a run from whatever state it is in.
 
-    def held_by(self, run_id: str, holder: str) -> TaskRunQuerySet:
-        """The run, if ``holder`` still holds it (running under its lease)."""
-        return self.filter(run_id=run_id, status=TaskRunStatus.RUNNING, lease_holder=holder)
-
-    def retry_later(self, *, error: str) -> int:
-        """Running -> retrying: its message comes back after a backoff."""
-        return self.update(
-            status=TaskRunStatus.RETRYING,
-            last_error=error,
-            lease_expires_at=None,
-            updated_at=timezone.now(),
-        )
-
-    def give_back(self) -> int:
-        """Running -> queued: the message went back unfinished, free for the next receive."""
-        return self.update(
-            status=TaskRunStatus.QUEUED, lease_expires_at=None, updated_at=timezone.now()
-        )
+    The guarded ones (a run moves only from the states they name) are statements of
+    ``outbox.runs``: each names its runs by key and checks their state on the rows it
+    locked, never as a condition beside the key, where the planner may answer it from
+    ``task_runs_unfinished_idx`` and walk every unfinished run for one."""
 
     def fail(self, *, error: str) -> int:
         """Whatever it was -> failed, for good (until an operator starts it again)."""
@@ -182,24 +165,6 @@ class TaskRunQuerySet(models.QuerySet):
             lease_expires_at=None,
             finished_at=now,
             updated_at=now,
-        )
-
-    def start_afresh(self) -> int:
-        """An operator's fresh start (a requeue, a dead letter sent back) -> queued, its
-        receives counted from zero. Never a run that succeeded (its message is a duplicate)
-        nor one held under a live lease (it would run twice)."""
-        held = Q(status=TaskRunStatus.RUNNING, lease_expires_at__gt=Now())
-        return (
-            self.exclude(status=TaskRunStatus.SUCCEEDED)
-            .exclude(held)
-            .update(
-                status=TaskRunStatus.QUEUED,
-                receive_count=0,
-                finished_at=None,
-                lease_holder="",
-                lease_expires_at=None,
-                updated_at=timezone.now(),
-            )
         )
 
 

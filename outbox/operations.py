@@ -19,15 +19,14 @@ from django.db.models.functions import Now
 
 from common.errors import Conflict, NotFound
 from outbox.models import BaseOutboxMessage, OutboxMessage, PlatformOutboxMessage, TaskRun
+from outbox.runs import start_afresh
 from outbox.wake import signal_relay_on_commit
 
 OUTBOX_MODELS: tuple[type[BaseOutboxMessage], ...] = (OutboxMessage, PlatformOutboxMessage)
 
 
 def _restart_failed_runs(run_ids: Collection[uuid.UUID | str]) -> int:
-    return TaskRun.objects.filter(
-        run_id__in=list(run_ids), status=TaskRun.Status.FAILED
-    ).start_afresh()
+    return start_afresh(list(run_ids), failed_only=True)
 
 
 @transaction.atomic

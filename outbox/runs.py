@@ -48,7 +48,7 @@ from outbox.services import publish
 # with the backlog). The rows are found by their key, whatever the statistics say.
 _LOCKED = """
     WITH locked AS MATERIALIZED (
-        SELECT run_id, status, lease_expires_at FROM task_runs
+        SELECT run_id, status, lease_holder, lease_expires_at FROM task_runs
          WHERE run_id = ANY(%(run_ids)s::uuid[])
          ORDER BY run_id FOR UPDATE)
 """
@@ -114,6 +114,73 @@ _SUCCEEDED_MANY = (
  RETURNING run.run_id::text
 """
 )
+
+# The transitions off the hot path, each one statement on rows named by key and guarded on
+# the locked rows, as above (a status beside a key is still a status: with the statistics
+# of a quiet hour, a single retry walked every running run of a burst).
+# A run its holder still holds -> retrying (after a transient failure), or -> queued (its
+# message went back unfinished, free for the next receive).
+_HELD = "status = 'running' AND lease_holder = %(holder)s"
+_RETRY_LATER = (
+    _LOCKED  # noqa: S608 (the module's own constants, joined)
+    + """
+    UPDATE task_runs SET status = 'retrying', last_error = %(error)s, lease_expires_at = NULL,
+           updated_at = clock_timestamp()
+     WHERE run_id IN (SELECT run_id FROM locked WHERE """
+    + _HELD
+    + ")"
+)
+_GIVE_BACK = (
+    _LOCKED  # noqa: S608 (the module's own constants, joined)
+    + """
+    UPDATE task_runs SET status = 'queued', lease_expires_at = NULL,
+           updated_at = clock_timestamp()
+     WHERE run_id IN (SELECT run_id FROM locked WHERE """
+    + _HELD
+    + ")"
+)
+# An operator's fresh start (a requeue, a dead letter or an outbox row sent again) ->
+# queued, its receives counted from zero: never a run that succeeded (its message is a
+# duplicate) nor one held under a live lease (it would run twice); with ``failed_only``,
+# failed runs alone.
+_START_AFRESH = (
+    _LOCKED  # noqa: S608 (the module's own constants, joined)
+    + """
+    UPDATE task_runs SET status = 'queued', receive_count = 0, finished_at = NULL,
+           lease_holder = '', lease_expires_at = NULL, updated_at = clock_timestamp()
+     WHERE run_id IN (
+           SELECT run_id FROM locked
+            WHERE status <> 'succeeded'
+              AND NOT (status = 'running' AND lease_expires_at > clock_timestamp())
+              AND (status = 'failed' OR NOT %(failed_only)s))
+"""
+)
+
+
+def retry_later(run_id: str, holder: str, *, error: str) -> int:
+    """Running under ``holder`` -> retrying: its message comes back after a backoff.
+    Returns 1, or 0 when ``holder`` no longer holds it."""
+    return _transition(_RETRY_LATER, [run_id], holder=holder, error=error)
+
+
+def give_back(run_id: str, holder: str) -> int:
+    """Running under ``holder`` -> queued: its message went back unfinished."""
+    return _transition(_GIVE_BACK, [run_id], holder=holder)
+
+
+def start_afresh(run_ids: Sequence[Any], *, failed_only: bool = False) -> int:
+    """These runs -> queued, their receives counted from zero (see ``_START_AFRESH``);
+    returns how many."""
+    if not run_ids:
+        return 0
+    return _transition(_START_AFRESH, [str(run_id) for run_id in run_ids], failed_only=failed_only)
+
+
+def _transition(sql: str, run_ids: Sequence[str], **params: Any) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, {"run_ids": uuid_array(run_ids), **params})
+        return cursor.rowcount
+
 
 # A claim that keeps losing to status changes (released, retried meanwhile) stops trying.
 CLAIM_ATTEMPTS = 3
@@ -355,9 +422,7 @@ class RunLedger:
         same transaction)."""
         run_id = str(envelope["run_id"])
         with transaction.atomic():
-            TaskRun.objects.held_by(run_id, holder).retry_later(
-                error=f"{error} (retry in {delay:.2f} s)"
-            )
+            retry_later(run_id, holder, error=f"{error} (retry in {delay:.2f} s)")
             if rearm:
                 rearm_outbox_row(envelope, delay=delay)
 
@@ -378,7 +443,7 @@ class RunLedger:
     def requeued(self, run_id: str, *, holder: str) -> None:
         """A shutdown gave the message back before its task finished: the run is free
         for the next receive at once."""
-        TaskRun.objects.held_by(run_id, holder).give_back()
+        give_back(run_id, holder)
 
 
 def run_failed(
@@ -418,7 +483,7 @@ def requeue_failed_run(run_id: str) -> bool:
     Not for a run that succeeded (the message is then a duplicate: the worker skips it)
     nor one a worker holds under a live lease (it would run twice); both stay as they are.
     """
-    return bool(TaskRun.objects.filter(run_id=run_id).start_afresh())
+    return bool(start_afresh([run_id]))
 
 
 def _record_unknown_run(run_id: str, envelope: dict[str, Any]) -> None:

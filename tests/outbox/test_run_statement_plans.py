@@ -22,8 +22,9 @@ import uuid
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
-from outbox import delivery, runs
+from outbox import delivery, operations, runs
 from tests.plans import rows_read
 
 pytestmark = pytest.mark.django_db
@@ -129,3 +130,89 @@ def test_a_window_statement_reads_the_window_not_the_backlog(burst, statement):
         # And it did its work: every run of the window was found and changed.
         (source,) = [node for node in plan["Plans"] if node["Parent Relationship"] == "Outer"]
         assert source["Actual Rows"] == WINDOW, (statement, source["Actual Rows"])
+
+
+# The transitions off the hot path: one run (or an operator's selection) among a backlog of
+# runs in the very status its guard names, which the statistics do not know of yet.
+BACKLOG = 5_000
+
+
+def a_backlog(status: str) -> list[str]:
+    insert_runs(HISTORY, "succeeded")
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE task_runs")
+    # Held by other workers under live leases, where a lease matters.
+    lease = "clock_timestamp() + interval '1 hour'" if status == "running" else "NULL"
+    return insert_runs(BACKLOG, status, "elsewhere", lease)
+
+
+def hold(run_id: str, holder: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE task_runs SET lease_holder = %s,"
+            " lease_expires_at = clock_timestamp() + interval '1 minute' WHERE run_id = %s",
+            [holder, run_id],
+        )
+
+
+def status_of(run_ids: list[str]) -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT status FROM task_runs WHERE run_id = ANY(%s::uuid[])",
+            [runs.uuid_array(run_ids)],
+        )
+        return {row[0] for row in cursor.fetchall()}
+
+
+def plan_of_last_update(move) -> dict:
+    """The plan of the ``UPDATE`` that ``move`` ran, taken as run again in a savepoint
+    rolled back (the move itself is kept)."""
+    with CaptureQueriesContext(connection) as captured:
+        move()
+    (sql,) = [q["sql"] for q in captured.captured_queries if "UPDATE" in q["sql"]][-1:]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}")
+        (document,) = cursor.fetchone()
+        transaction.set_rollback(True)
+    if isinstance(document, str):
+        document = json.loads(document)
+    return document[0]["Plan"]
+
+
+def test_a_retry_reads_its_run_not_the_running_backlog():
+    mine = a_backlog("running")[BACKLOG // 2]
+    hold(mine, "me")
+    envelope = {"run_id": mine, "task": "plans.noop"}
+    plan = plan_of_last_update(
+        lambda: runs.RunLedger().retrying(envelope, holder="me", error="e", delay=1, rearm=False)
+    )
+    assert status_of([mine]) == {"retrying"}
+    indexes, read = rows_read(plan, tables_only=True)
+    assert read <= ROWS_PER_RUN and "task_runs_unfinished_idx" not in indexes, (indexes, read)
+
+
+def test_a_give_back_reads_its_run_not_the_running_backlog():
+    mine = a_backlog("running")[BACKLOG // 2]
+    hold(mine, "me")
+    plan = plan_of_last_update(lambda: runs.RunLedger().requeued(mine, holder="me"))
+    assert status_of([mine]) == {"queued"}
+    indexes, read = rows_read(plan, tables_only=True)
+    assert read <= ROWS_PER_RUN and "task_runs_unfinished_idx" not in indexes, (indexes, read)
+
+
+def test_a_requeue_reads_its_run_not_the_failed_backlog():
+    mine = a_backlog("failed")[BACKLOG // 2]
+    plan = plan_of_last_update(lambda: runs.requeue_failed_run(mine))
+    assert status_of([mine]) == {"queued"}
+    indexes, read = rows_read(plan, tables_only=True)
+    assert read <= ROWS_PER_RUN and "task_runs_unfinished_idx" not in indexes, (indexes, read)
+
+
+def test_sending_rows_again_reads_their_runs_not_the_failed_backlog():
+    failed = a_backlog("failed")
+    chosen = failed[:: BACKLOG // WINDOW][:WINDOW]
+    plan = plan_of_last_update(lambda: operations._restart_failed_runs(chosen))
+    assert status_of(chosen) == {"queued"}
+    indexes, read = rows_read(plan, tables_only=True)
+    assert read <= ROWS_PER_RUN * WINDOW, (indexes, read)
+    assert "task_runs_unfinished_idx" not in indexes, (indexes, read)

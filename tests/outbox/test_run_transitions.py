@@ -1,5 +1,5 @@
-"""The task run's transitions (``TaskRunQuerySet``): each moves a run only from the states
-it names, so a late or stray caller changes nothing."""
+"""The task run's transitions (``outbox.runs``, ``TaskRunQuerySet.fail``): each moves a run
+only from the states it names, so a late or stray caller changes nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from outbox import runs
 from outbox.models import TaskRun
 
 pytestmark = pytest.mark.django_db
@@ -36,23 +37,23 @@ def status_of(run: TaskRun) -> str:
 
 def test_only_the_holder_of_a_running_run_moves_it_on():
     held = a_run(Status.RUNNING, holder="worker-a", lease=timedelta(minutes=1))
-    runs = TaskRun.objects
+    run_id = str(held.run_id)
 
-    assert runs.held_by(str(held.run_id), "worker-b").retry_later(error="late") == 0
-    assert runs.held_by(str(held.run_id), "worker-b").give_back() == 0
+    assert runs.retry_later(run_id, "worker-b", error="late") == 0
+    assert runs.give_back(run_id, "worker-b") == 0
     assert status_of(held) == Status.RUNNING
 
-    assert runs.held_by(str(held.run_id), "worker-a").retry_later(error="boom") == 1
+    assert runs.retry_later(run_id, "worker-a", error="boom") == 1
     held.refresh_from_db()
     assert (held.status, held.last_error, held.lease_expires_at) == (Status.RETRYING, "boom", None)
     # No longer running: the holder's own give-back after that finds nothing.
-    assert runs.held_by(str(held.run_id), "worker-a").give_back() == 0
+    assert runs.give_back(run_id, "worker-a") == 0
 
 
 def test_a_run_given_back_is_queued_and_free():
     held = a_run(Status.RUNNING, holder="worker-a", lease=timedelta(minutes=1))
 
-    assert TaskRun.objects.held_by(str(held.run_id), "worker-a").give_back() == 1
+    assert runs.give_back(str(held.run_id), "worker-a") == 1
 
     held.refresh_from_db()
     assert (held.status, held.lease_expires_at) == (Status.QUEUED, None)
@@ -85,7 +86,7 @@ def test_a_failed_run_is_finished_with_its_error():
 def test_a_fresh_start_never_takes_a_run_that_succeeded_or_is_held(status, lease, starts):
     run = a_run(status, holder="worker-a" if lease is not None else "", lease=lease)
 
-    assert TaskRun.objects.filter(pk=run.pk).start_afresh() == int(starts)
+    assert runs.start_afresh([run.pk]) == int(starts)
 
     run.refresh_from_db()
     if starts:
@@ -93,3 +94,20 @@ def test_a_fresh_start_never_takes_a_run_that_succeeded_or_is_held(status, lease
         assert (run.lease_holder, run.lease_expires_at) == ("", None)
     else:
         assert run.status == status and run.receive_count == 3
+
+
+def test_sending_rows_again_starts_only_their_failed_runs_afresh():
+    failed, retrying, expired = (
+        a_run(Status.FAILED),
+        a_run(Status.RETRYING),
+        a_run(Status.RUNNING, holder="worker-a", lease=timedelta(minutes=-1)),
+    )
+
+    assert runs.start_afresh([failed.pk, retrying.pk, expired.pk], failed_only=True) == 1
+
+    assert (status_of(failed), status_of(retrying), status_of(expired)) == (
+        Status.QUEUED,
+        Status.RETRYING,
+        Status.RUNNING,
+    )
+    assert runs.start_afresh([]) == 0
