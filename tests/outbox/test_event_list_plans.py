@@ -128,9 +128,19 @@ def test_a_small_tenants_page_reads_the_indexes_that_begin_with_the_tenant(histo
     def indexes(**selector_filters):
         return rows_read(plan_of(event_list(**scope, **selector_filters)[:PAGE]))[0]
 
+    def read_by_tenant(**selector_filters):
+        """A common filter, half of the tenant's rows: the tenant's own index of that
+        filter, or its index of every event, which passes about two rows for each kept
+        (the two cost the planner about the same, and which it picks turns on how the
+        indexes lie on disk); never an index of every tenant."""
+        indexes, read = rows_read(plan_of(event_list(**scope, **selector_filters)[:PAGE]))
+        assert len(indexes) == 1 and next(iter(indexes)).startswith("events_tenant_"), indexes
+        assert read <= 3 * PAGE, (indexes, read)
+        return indexes
+
     assert indexes() == {"events_tenant_idx"}
-    assert indexes(types=["JobCreated"]) == {"events_tenant_type_idx"}
-    assert indexes(actor="system") == {"events_tenant_actor_idx"}
+    assert read_by_tenant(types=["JobCreated"]) <= {"events_tenant_type_idx", "events_tenant_idx"}
+    assert read_by_tenant(actor="system") <= {"events_tenant_actor_idx", "events_tenant_idx"}
     assert indexes(aggregate_type="Schedule") <= {
         "events_tenant_agg_type_idx",
         "events_agg_type_idx",
