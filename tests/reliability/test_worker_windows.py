@@ -210,9 +210,11 @@ def test_a_worker_killed_with_its_window_full_has_its_unstarted_runs_run_elsewhe
     assert len(held) <= window and len(unstarted) >= window // 2, (len(held), len(started))
     assert len(unstarted_after) == len(unstarted)
     assert max(unstarted_after) <= TAKEN_UP_WITHIN, unstarted_after
-    # Only what was running in the dead worker ran twice, and its effect was counted once
-    # more at most (the crash may have come between its effect and its success).
-    assert executions - WINDOW_RUNS <= len(started) <= CONCURRENCY
+    # Only what the dead worker had started ran twice, and its effect was counted once more
+    # at most (the crash may have come between its effect and its success). Started: in a
+    # slot at the kill, or returned from its handler with its success still waiting for the
+    # group commit that follows (so more than the slots, at times: 5 of 4 under load).
+    assert executions - WINDOW_RUNS <= len(started)
     assert reapplied <= len(started)
 
 
