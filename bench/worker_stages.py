@@ -14,17 +14,23 @@ worker changes; the wrappers cost a few microseconds a message):
 - ``commit started`` / ``committed``: the group commit of the outcomes, then the ack.
 
 Printed per round: the rate, the median and 90th percentile of each stage, and the size of
-the groups claimed and committed together. Then each statement alone, on one connection in
-one thread (the claim and the group commit of groups of 16 and 64 runs): what a stage
-costs in PostgreSQL against what it costs inside the worker.
+the groups claimed and committed together; the broker's turn (from a group's ``basic.ack``
+handed to the I/O thread to the next delivery received: what RabbitMQ and pika take to
+refill the window); and, where PostgreSQL runs on this machine, the CPU its backends spent
+per statement (read from ``/proc`` for the claiming and the committing connections). Then
+each statement alone, on one connection in one thread (the claim and the group commit of
+groups of 16 and 64 runs): what a stage costs in PostgreSQL against what it costs inside
+the worker.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -57,6 +63,11 @@ class Clock:
     def __init__(self) -> None:
         self.at: dict[int, dict[str, float]] = defaultdict(dict)
         self.groups: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        # When each group's ack was handed over, and the broker's turns measured from them.
+        self.acked: list[float] = []
+        self.turns: list[float] = []
+        # The backends of the claiming and the committing connections, by statement.
+        self.backends = Backends()
 
     def mark(self, deliveries, stage: str) -> None:
         now = time.perf_counter()
@@ -77,13 +88,54 @@ class Clock:
                 f"  {name:28s} median {statistics.median(values) * 1e3:6.2f} ms"
                 f"  p90 {values[int(len(values) * 0.9)] * 1e3:6.2f} ms"
             )
+        if self.turns:
+            print(
+                f"  {'the broker refills':28s} median {statistics.median(self.turns) * 1e3:6.2f} ms"
+                "  (an ack handed to the I/O thread -> the next delivery received)"
+            )
         for name, groups in self.groups.items():
             sizes = [size for size, _ in groups]
             took = statistics.median(seconds for _, seconds in groups)
             print(
                 f"  {name}: {len(groups)} statements, {statistics.mean(sizes):.1f} runs each,"
-                f" {took * 1e3:.2f} ms at the median"
+                f" {took * 1e3:.2f} ms at the median{self.backends.per_statement(name)}"
             )
+
+    def received(self, at: float) -> None:
+        if self.acked:
+            self.turns.extend(at - acked for acked in self.acked)
+            self.acked.clear()
+
+
+class Backends:
+    """PostgreSQL's CPU time for the claims and the commits: each connection's backend
+    process, read from ``/proc`` while it lives (its last reading counts)."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, set[int]] = defaultdict(set)
+        self.statements: dict[str, int] = defaultdict(int)
+        self.cpu: dict[int, float] = {}
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def executed(self, name: str, pid: int) -> None:
+        self.pids[name].add(pid)
+        self.statements[name] += 1
+
+    def sample(self) -> None:
+        for pids in list(self.pids.values()):
+            for pid in list(pids):
+                try:
+                    with open(f"/proc/{pid}/stat") as stat:
+                        fields = stat.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue  # ended, or PostgreSQL runs elsewhere
+                self.cpu[pid] = (int(fields[11]) + int(fields[12])) / self.tick
+
+    def per_statement(self, name: str) -> str:
+        cpu = sum(self.cpu.get(pid, 0.0) for pid in self.pids[name])
+        if not cpu or not self.statements[name]:
+            return ""
+        return f"; PostgreSQL CPU {cpu / self.statements[name] * 1e3:.2f} ms each"
 
 
 def wrapped(clock: Clock) -> None:
@@ -93,6 +145,21 @@ def wrapped(clock: Clock) -> None:
     def _on_message(self, destination, channel, method, properties, body):
         on_message(self, destination, channel, method, properties, body)
         clock.mark(self._received[-1:], "received")
+        clock.received(time.perf_counter())
+
+    ack_many = RabbitMQConsumer.ack_many
+
+    def _ack_many(self, deliveries, *, wait=True):
+        clock.acked.append(time.perf_counter())
+        return ack_many(self, deliveries, wait=wait)
+
+    execute = runs._Prepared.execute
+
+    def _execute(self, sql, params=None):
+        name = {runs._CLAIM_MANY: "claims", runs._SUCCEEDED_MANY: "commits"}.get(sql)
+        if name is not None:
+            clock.backends.executed(name, self._cursor.connection.info.backend_pid)
+        return execute(self, sql, params)
 
     prepare = RunWindow.prepare
 
@@ -135,6 +202,8 @@ def wrapped(clock: Clock) -> None:
             clock.groups["commits"].append((len(outcomes), time.perf_counter() - started))
 
     RabbitMQConsumer._on_message = _on_message
+    RabbitMQConsumer.ack_many = _ack_many
+    runs._Prepared.execute = _execute
     RunWindow.prepare = _prepare
     RunWindow._claim = _claim
     TaskProcessor.process = _process
@@ -177,11 +246,24 @@ def main() -> None:
     require_quiet(args)
     clock = Clock()
     wrapped(clock)
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while sampling.wait():
+            clock.backends.sample()
+            time.sleep(0.05)
+
+    threading.Thread(target=sample, daemon=True).start()
     with bench.prepared():
         for number in range(1, args.rounds + 1):
             clock.__init__()
             note = load_note()
-            rate, cpu = bench.through_worker(bench.feed(args.messages), args.concurrency)
+            run_ids = bench.feed(args.messages)
+            sampling.set()
+            try:
+                rate, cpu = bench.through_worker(run_ids, args.concurrency)
+            finally:
+                sampling.clear()
             print(
                 f"round {number} ({note} at its start): {rate:,.0f}/s, {cpu * 1e6:.0f} us cpu/msg"
             )
