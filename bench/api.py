@@ -68,7 +68,7 @@ from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from bench.database import ensure_migrated  # noqa: E402
-from bench.load import add_load_arguments, require_quiet  # noqa: E402
+from bench.load import Rounds, add_load_arguments, require_quiet  # noqa: E402
 from identity.tokens import issue_access_token  # noqa: E402
 from outbox.wake import redis_client  # noqa: E402
 from tests.factories import AutomationFactory, TenantFactory, UserFactory  # noqa: E402
@@ -135,17 +135,24 @@ def throughput(
     for method, path, payload in parts.values():
         rate(port, token, method, path, payload, clients=clients, seconds=1.0)
     figures: dict[str, list[float]] = {name: [] for name in parts}
+    begun = Rounds()
     for number in range(rounds):
         order = list(parts) if number % 2 == 0 else list(reversed(parts))
+        load = begun.start()
         for name in order:
             figures[name].append(rate(port, token, *parts[name], clients=clients, seconds=seconds))
         print(
-            f"  round {number + 1}: "
+            f"  round {number + 1} ({load} at its start): "
             + ", ".join(f"{name} {figures[name][-1]:.0f}/s" for name in parts),
             flush=True,
         )
+    # The summary: the rounds that count alone.
+    figures = {name: begun.kept(values) for name, values in figures.items()}
     ratios = [post / me for me, post in zip(*figures.values(), strict=True)]
-    print(f"(1) throughput, {clients} client threads, {rounds} rounds of {seconds:g} s each")
+    print(
+        f"(1) throughput, {clients} client threads, rounds of {seconds:g} s each, "
+        f"medians of {begun.note()}"
+    )
     for name, values in figures.items():
         print(f"  {name:<20} median {statistics.median(values):>6.0f} req/s")
     print(

@@ -85,7 +85,7 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from bench.load import add_load_arguments, load_note, require_quiet  # noqa: E402
+from bench.load import Rounds, add_load_arguments, load_note, require_quiet  # noqa: E402
 from identity.tokens import issue_access_token  # noqa: E402
 from job.services import job_complete  # noqa: E402
 from outbox.wake import redis_client  # noqa: E402
@@ -385,9 +385,10 @@ def measure(bench: Bench, rounds: int) -> None:
     ratios: dict[str, list[float]] = {name: [] for name in scenarios}
     # Warm both servers (imports, connections, the stream process's subscription).
     bench.run(jobs=1, followers=1)
+    begun = Rounds()
     for number in range(rounds):
         order = list(scenarios) if number % 2 == 0 else list(reversed(scenarios))
-        print(f"round {number + 1} ({load_note()}):", flush=True)
+        print(f"round {number + 1} ({begun.start()}):", flush=True)
         for name in order:
             outcome = scenarios[name]()
             results[name].append(outcome)
@@ -408,12 +409,18 @@ def measure(bench: Bench, rounds: int) -> None:
         for name in scenarios:
             ratios[name].append(percentile(results[name][-1].me, 0.5) / quiet)
 
+    # Lines lost count in every round, whatever the load; the medians are the counting
+    # rounds' alone.
+    missing = {name: sum(o.missing for o in results[name]) for name in scenarios}
+    results = {name: begun.kept(outcomes) for name, outcomes in results.items()}
+    ratios = {name: begun.kept(values) for name, values in ratios.items()}
+
     def median_of(name: str, figure: Callable[[Outcome], float]) -> float:
         return statistics.median(figure(outcome) for outcome in results[name])
 
     print(
         f"\n{rounds} rounds, {bench.chunks} chunks {bench.interval * 1000:.0f} ms apart each; "
-        "medians over rounds"
+        f"medians over {begun.note()}"
     )
     print(
         "| who follows | line p50 ms | line p99 ms | p50 from the POST's answer | missing "
@@ -431,7 +438,7 @@ def measure(bench: Bench, rounds: int) -> None:
         else:
             line = "- | - | -"
         print(
-            f"| {name} | {line} | {sum(o.missing for o in results[name])} "
+            f"| {name} | {line} | {missing[name]} "
             f"| {median_of(name, lambda o: percentile(o.me, 0.5)):.1f} "
             f"| {median_of(name, lambda o: percentile(o.me, 0.99)):.1f} "
             f"| {statistics.median(ratios[name]):.2f} "

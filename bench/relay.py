@@ -49,7 +49,7 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
-from bench.load import add_load_arguments, load_note, require_quiet  # noqa: E402
+from bench.load import Rounds, add_load_arguments, require_quiet  # noqa: E402
 from broker import get_transport, topology  # noqa: E402
 from broker.rabbitmq.publisher import message_properties  # noqa: E402
 from broker.sqs.publisher import batch_entries, sqs_client  # noqa: E402
@@ -240,12 +240,13 @@ RABBITMQ_CONTENDERS = ("relay", "raw_unconfirmed", "raw_confirmed")
 def bench_rabbitmq(rows: int, batch_size: int, rounds: int) -> dict:
     """Interleaved rounds of the three; rates and per-round ratios, medians."""
     seconds: dict[str, list[float]] = {name: [] for name in RABBITMQ_CONTENDERS}
+    begun = Rounds()
     for number in range(rounds):
         truncate()
         insert_rows(rows)
         bodies = pending_bodies()
         purge_rabbit("default")
-        load = load_note()
+        load = begun.start()
         shift = number % len(RABBITMQ_CONTENDERS)
         for name in RABBITMQ_CONTENDERS[shift:] + RABBITMQ_CONTENDERS[:shift]:
             if name == "relay":
@@ -262,6 +263,8 @@ def bench_rabbitmq(rows: int, batch_size: int, rounds: int) -> dict:
             json.dumps({name: round(rows / seconds[name][-1]) for name in seconds}),
             flush=True,
         )
+    # The summary: the rounds that count alone.
+    seconds = {name: begun.kept(values) for name, values in seconds.items()}
     relay = seconds["relay"]
 
     def ratios(name: str) -> list[float]:
@@ -270,6 +273,7 @@ def bench_rabbitmq(rows: int, batch_size: int, rounds: int) -> dict:
     return {
         "rows": rows,
         "rounds": rounds,
+        "summary_over": begun.note(),
         "batch": batch_size,
         **{
             f"{name}_per_s": round(rows / statistics.median(values))

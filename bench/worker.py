@@ -70,7 +70,7 @@ from django.conf import settings  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 
 from bench.database import ensure_migrated  # noqa: E402
-from bench.load import add_load_arguments, load_note, require_quiet  # noqa: E402
+from bench.load import Rounds, add_load_arguments, require_quiet  # noqa: E402
 from broker import topology  # noqa: E402
 from broker.sqs.publisher import sqs_client  # noqa: E402
 from outbox.handlers import task  # noqa: E402
@@ -290,8 +290,9 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
     rates: dict[str, list[float]] = {name: [] for name in contenders}
     cpus: dict[str, list[float]] = {name: [] for name in contenders}
     settings.BROKER = broker
+    begun = Rounds()
     for round_number in range(1, rounds + 1):
-        load = load_note()
+        load = begun.start()
         shift = (round_number - 1) % len(contenders)
         for name in contenders[shift:] + contenders[:shift]:
             cpu = None
@@ -322,9 +323,12 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
             ),
             flush=True,
         )
+    # The summary: the rounds that count alone.
+    rates = {name: begun.kept(values) for name, values in rates.items()}
+    cpus = {name: begun.kept(values) if values else values for name, values in cpus.items()}
     ours = statistics.median(rates["ours"])
     print(
-        f"{broker:8} medians of {rounds} rounds: "
+        f"{broker:8} medians of {begun.note()}: "
         + "  ".join(f"{name}={statistics.median(rates[name]):7.0f}/s" for name in contenders)
     )
     for name in contenders:

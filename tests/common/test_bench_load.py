@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from bench.load import add_load_arguments, load_note, require_quiet
+from bench.load import Rounds, add_load_arguments, load_note, require_quiet
 
 
 def options(*argv):
@@ -54,3 +54,39 @@ def test_allow_load_measures_anyway_and_says_the_figures_do_not_count(capsys):
 def test_each_round_above_the_limit_is_flagged():
     assert load_note(lambda: 0.5) == "load 0.50"
     assert load_note(lambda: 2.5) == "load 2.50 (above 2: this round does not count)"
+
+
+def test_a_summary_is_taken_over_the_rounds_that_count():
+    rounds = Rounds(load=loads(0.8, 2.4, 1.2))
+    notes = [rounds.start() for _ in range(3)]
+
+    assert notes[1] == "load 2.40 (above 2: this round does not count)"
+    assert rounds.kept([10, 99, 30]) == [10, 30]
+    assert rounds.note() == "2 of 3 rounds (the others began above load 2)"
+
+
+def test_every_round_counting_is_said_plainly():
+    rounds = Rounds(load=loads(0.5))
+    for _ in range(2):
+        rounds.start()
+
+    assert rounds.kept(["a", "b"]) == ["a", "b"]
+    assert rounds.note() == "2 rounds"
+
+
+def test_when_no_round_counts_the_summary_keeps_them_all_and_says_it_does_not_count():
+    rounds = Rounds(load=loads(3.0))
+    for _ in range(2):
+        rounds.start()
+
+    assert rounds.kept([1.0, 2.0]) == [1.0, 2.0]
+    assert rounds.note() == "2 rounds, none of which counts (begun above load 2)"
+
+
+def test_a_figure_for_each_round_started_or_none_is_kept():
+    rounds = Rounds(load=loads(0.5))
+    rounds.start()
+
+    with pytest.raises(ValueError, match="2 figures for 1 rounds"):
+        rounds.kept([1.0, 2.0])
+    assert rounds.note() == "1 round"
