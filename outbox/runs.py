@@ -115,45 +115,40 @@ _SUCCEEDED_MANY = (
 """
 )
 
+
 # The transitions off the hot path, each one statement on rows named by key and guarded on
 # the locked rows, as above (a status beside a key is still a status: with the statistics
 # of a quiet hour, a single retry walked every running run of a burst).
+def _guarded(assignments: str, guard: str) -> str:
+    """The runs of ``%(run_ids)s``, locked by key (``_LOCKED``), set with ``assignments``
+    where ``guard`` holds on the locked row."""
+    return (
+        _LOCKED  # noqa: S608 (the module's own constants, joined)
+        + "\n    UPDATE task_runs SET "
+        + assignments
+        + ", updated_at = clock_timestamp()\n     WHERE run_id IN (SELECT run_id FROM locked WHERE "
+        + guard
+        + ")\n"
+    )
+
+
 # A run its holder still holds -> retrying (after a transient failure), or -> queued (its
 # message went back unfinished, free for the next receive).
 _HELD = "status = 'running' AND lease_holder = %(holder)s"
-_RETRY_LATER = (
-    _LOCKED  # noqa: S608 (the module's own constants, joined)
-    + """
-    UPDATE task_runs SET status = 'retrying', last_error = %(error)s, lease_expires_at = NULL,
-           updated_at = clock_timestamp()
-     WHERE run_id IN (SELECT run_id FROM locked WHERE """
-    + _HELD
-    + ")"
+_RETRY_LATER = _guarded(
+    "status = 'retrying', last_error = %(error)s, lease_expires_at = NULL", _HELD
 )
-_GIVE_BACK = (
-    _LOCKED  # noqa: S608 (the module's own constants, joined)
-    + """
-    UPDATE task_runs SET status = 'queued', lease_expires_at = NULL,
-           updated_at = clock_timestamp()
-     WHERE run_id IN (SELECT run_id FROM locked WHERE """
-    + _HELD
-    + ")"
-)
+_GIVE_BACK = _guarded("status = 'queued', lease_expires_at = NULL", _HELD)
 # An operator's fresh start (a requeue, a dead letter or an outbox row sent again) ->
 # queued, its receives counted from zero: never a run that succeeded (its message is a
 # duplicate) nor one held under a live lease (it would run twice); with ``failed_only``,
 # failed runs alone.
-_START_AFRESH = (
-    _LOCKED  # noqa: S608 (the module's own constants, joined)
-    + """
-    UPDATE task_runs SET status = 'queued', receive_count = 0, finished_at = NULL,
-           lease_holder = '', lease_expires_at = NULL, updated_at = clock_timestamp()
-     WHERE run_id IN (
-           SELECT run_id FROM locked
-            WHERE status <> 'succeeded'
-              AND NOT (status = 'running' AND lease_expires_at > clock_timestamp())
-              AND (status = 'failed' OR NOT %(failed_only)s))
-"""
+_START_AFRESH = _guarded(
+    "status = 'queued', receive_count = 0, finished_at = NULL, lease_holder = '',"
+    " lease_expires_at = NULL",
+    "status <> 'succeeded'"
+    " AND NOT (status = 'running' AND lease_expires_at > clock_timestamp())"
+    " AND (status = 'failed' OR NOT %(failed_only)s)",
 )
 
 
