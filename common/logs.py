@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import logging
 import logging.config
+import os
 import sys
 import threading
+import time
+import weakref
 from typing import Any
 
 from pythonjsonlogger import json as jsonlogger
@@ -104,3 +107,86 @@ def log_uncaught_exceptions(config: dict[str, Any]) -> None:
 
     sys.excepthook = process_hook
     threading.excepthook = thread_hook
+
+
+class StderrHandler(logging.StreamHandler):
+    """Each record a line on stderr, written through a buffer that is flushed at most
+    ``flush_seconds`` after the line (``LOG_FLUSH_SECONDS``), and at once for a warning or
+    worse, before a fork and at exit.
+
+    A line flushed on its own is a system call, and the thread that makes it lets go of
+    the interpreter lock, then waits for it behind the process's other threads. In a
+    worker running thousands of short tasks a second, with one line per run, that wait
+    and the switches it causes took more than the tasks themselves: the worker ran at half
+    its rate (docs/PERFORMANCE.md, "The per-task log line at the default level"). Written
+    through the buffer, a line costs its formatting, and the process one write a moment.
+
+    What a ``SIGKILL`` or a crash of the interpreter itself takes with it is the lines of
+    its last ``flush_seconds`` below warnings; an exception nothing caught is logged as a
+    critical record (``log_uncaught_exceptions``), flushed at once. ``flush_seconds=0``
+    flushes every line, as ``logging.StreamHandler`` does; so does a stderr that is not a
+    file descriptor (a test's capture, say).
+    """
+
+    def __init__(self, flush_seconds: float = 0.1) -> None:
+        try:
+            fd = sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):
+            fd = None
+        if fd is None or flush_seconds <= 0:
+            super().__init__(sys.stderr)
+            self.flush_seconds = 0.0
+            return
+        super().__init__(
+            open(  # noqa: SIM115 (the handler's for the process's life; closed with it)
+                fd,
+                "w",
+                buffering=1 << 16,
+                encoding="utf-8",
+                errors="backslashreplace",
+                closefd=False,
+            )
+        )
+        self.flush_seconds = flush_seconds
+        self._written = threading.Event()
+        # The process the flushing thread runs in: a forked child starts its own.
+        self._flusher_pid: int | None = None
+        # A child must not inherit lines the parent has yet to write: it would write them too.
+        os.register_at_fork(before=_flush_before_fork(weakref.ref(self)))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.flush_seconds:
+            super().emit(record)
+            return
+        try:
+            self.stream.write(self.format(record) + self.terminator)
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
+            return
+        if record.levelno >= logging.WARNING:
+            self.flush()
+            return
+        if self._flusher_pid != os.getpid():
+            self._flusher_pid = os.getpid()
+            self._written.clear()
+            threading.Thread(target=self._flush_soon, name="log-flush", daemon=True).start()
+        # Checked after the write: a flush that starts after this event's clear writes it.
+        if not self._written.is_set():
+            self._written.set()
+
+    def _flush_soon(self) -> None:
+        while True:
+            self._written.wait()
+            time.sleep(self.flush_seconds)
+            self._written.clear()
+            self.flush()
+
+
+def _flush_before_fork(handler: weakref.ref[StderrHandler]):
+    def flush() -> None:
+        if (alive := handler()) is not None:
+            alive.flush()
+
+    return flush

@@ -46,6 +46,11 @@ def parse_queues(value: str | list[str]) -> list[str]:
     return list(dict.fromkeys(queues))
 
 
+def _leave_now() -> None:
+    logging.shutdown()
+    os._exit(1)
+
+
 class Command(BaseCommand):
     help = "Run background tasks from the given queues (default: QUEUES)."
     # No system checks at each start, as for the other daemons (lifecycle.daemon.Daemon).
@@ -91,8 +96,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, queues: str, concurrency: int, automation: str | None, **options):
-        # Asked twice: leave now. Unsettled messages come back by themselves.
-        self.stop.install(twice=lambda: os._exit(1))
+        # Asked twice: leave now (the lines written so far first). Unsettled messages come
+        # back by themselves.
+        self.stop.install(twice=_leave_now)
         if stopped_during_startup():
             self.stop.set()
         if automation:

@@ -1,0 +1,170 @@
+"""The log handler's buffer (``common.logs.StderrHandler``): lines below warnings are
+written a moment later, together; nothing is lost at exit, none is written twice by a fork.
+
+Each test runs a process of its own with the handler on its real stderr (a pipe read
+here), driven step by step through its stdin and stdout, so that what is checked does not
+depend on how fast the machine is: a line that must not be out yet is looked for while the
+process waits, its buffer flushed only 30 s later.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import selectors
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common.logs import StderrHandler
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Logs what each line of its stdin says: "info TEXT", "warning TEXT", "fork TEXT" (a
+# child logs TEXT at info and exits), "exit"; after each, "ok" on stdout.
+CHILD = """
+import logging, logging.config, os, sys
+logging.config.dictConfig({
+    "version": 1,
+    "handlers": {"stderr": {"()": "common.logs.StderrHandler",
+                            "flush_seconds": float(sys.argv[1])}},
+    "root": {"handlers": ["stderr"], "level": "INFO"},
+})
+log = logging.getLogger("child")
+for line in sys.stdin:
+    verb, _, text = line.strip().partition(" ")
+    if verb == "info":
+        log.info(text)
+    elif verb == "warning":
+        log.warning(text)
+    elif verb == "fork":
+        pid = os.fork()
+        if pid == 0:
+            log.info(text)
+            sys.exit(0)
+        os.waitpid(pid, 0)
+    elif verb == "exit":
+        sys.exit(0)
+    print("ok", flush=True)
+"""
+
+
+class Child:
+    def __init__(self, flush_seconds: float) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(flush_seconds)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+        )
+        os.set_blocking(self.process.stderr.fileno(), False)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.process.stderr, selectors.EVENT_READ)
+        self.err = ""
+
+    def tell(self, command: str) -> None:
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        if command != "exit":
+            assert self.process.stdout.readline() == "ok\n"
+
+    def stderr_within(self, seconds: float) -> str:
+        """What the process wrote to stderr so far, waiting up to ``seconds`` for more."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and self.selector.select(left):
+            chunk = self.process.stderr.read()
+            if not chunk:
+                break
+            self.err += chunk
+        return self.err
+
+    def stderr_lines_once(self, *expected: str, seconds: float = 20) -> list[str]:
+        """Waits until every expected line is out (or ``seconds``); the lines."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            lines = self.stderr_within(0.1).splitlines()
+            if all(line in lines for line in expected):
+                return lines
+        return self.err.splitlines()
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait(timeout=20)
+        for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
+            pipe.close()
+        self.selector.close()
+
+
+def test_an_info_line_waits_in_the_buffer_and_a_warning_writes_it_first_in_order():
+    child = Child(flush_seconds=30)
+    try:
+        child.tell("info first")
+        child.tell("info second")
+        # Written by the process, not out yet: its flush is 30 s away.
+        assert child.stderr_within(0.5) == ""
+        child.tell("warning third")
+        # A warning goes out at once, after the lines before it.
+        assert child.stderr_within(0.5).splitlines() == ["first", "second", "third"]
+    finally:
+        child.close()
+
+
+def test_a_line_is_out_a_moment_later_with_nothing_else_written():
+    child = Child(flush_seconds=0.2)
+    try:
+        child.tell("info alone")
+        assert child.stderr_lines_once("alone") == ["alone"]
+        # The process is still there, waiting: the flush came by itself.
+        assert child.process.poll() is None
+        child.tell("info again")
+        assert child.stderr_lines_once("again") == ["alone", "again"]
+    finally:
+        child.close()
+
+
+def test_the_lines_still_in_the_buffer_are_written_at_exit():
+    child = Child(flush_seconds=30)
+    try:
+        child.tell("info before the exit")
+        child.tell("exit")
+        assert child.process.wait(timeout=20) == 0
+        assert child.stderr_within(1).splitlines() == ["before the exit"]
+    finally:
+        child.close()
+
+
+def test_a_forked_child_writes_its_own_lines_and_none_of_its_parents():
+    child = Child(flush_seconds=30)
+    try:
+        child.tell("info the parent's, before the fork")
+        child.tell("fork the child's")
+        child.tell("warning the parent's, after")
+        lines = child.stderr_lines_once("the child's", "the parent's, after")
+        assert lines == ["the parent's, before the fork", "the child's", "the parent's, after"]
+    finally:
+        child.close()
+
+
+def test_with_no_delay_each_line_is_out_at_once():
+    child = Child(flush_seconds=0)
+    try:
+        child.tell("info at once")
+        # Out before the process answered.
+        assert child.stderr_within(0.05) == "at once\n"
+    finally:
+        child.close()
+
+
+def test_a_stderr_that_is_no_file_gets_each_line_at_once(monkeypatch):
+    captured = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", captured)
+    handler = StderrHandler(flush_seconds=30)
+    record = logging.LogRecord("t", logging.INFO, __file__, 1, "a line", None, None)
+    handler.handle(record)
+    assert captured.getvalue() == "a line\n"
+    assert handler.flush_seconds == 0
