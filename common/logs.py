@@ -110,22 +110,24 @@ def log_uncaught_exceptions(config: dict[str, Any]) -> None:
 
 
 class StderrHandler(logging.StreamHandler):
-    """Each record a line on stderr, written through a buffer that is flushed at most
-    ``flush_seconds`` after the line (``LOG_FLUSH_SECONDS``), and at once for a warning or
-    worse, before a fork and at exit.
+    """Each record a line on stderr. A line is written at once when the last write is
+    ``flush_seconds`` old or more (``LOG_FLUSH_SECONDS``), and so is a warning or worse,
+    after the lines before it; the lines that follow a write closer than that wait in a
+    buffer, written together ``flush_seconds`` after it. The buffer is also written before
+    a fork and at exit.
 
-    A line flushed on its own is a system call, and the thread that makes it lets go of
-    the interpreter lock, then waits for it behind the process's other threads. In a
-    worker running thousands of short tasks a second, with one line per run, that wait
-    and the switches it causes took more than the tasks themselves: the worker ran at half
-    its rate (docs/PERFORMANCE.md, "The per-task log line at the default level"). Written
-    through the buffer, a line costs its formatting, and the process one write a moment.
+    A quiet process therefore writes each line as it comes; a busy one, ten times a second
+    at most. A line flushed on its own is a system call, and the thread that makes it lets
+    go of the interpreter lock, then waits for it behind the process's other threads. In a
+    worker running thousands of short tasks a second, one line each, that wait and the
+    switches it causes cost more than the tasks themselves (docs/PERFORMANCE.md, "The
+    per-task log line at the default level").
 
-    What a ``SIGKILL`` or a crash of the interpreter itself takes with it is the lines of
-    its last ``flush_seconds`` below warnings; an exception nothing caught is logged as a
-    critical record (``log_uncaught_exceptions``), flushed at once. ``flush_seconds=0``
-    flushes every line, as ``logging.StreamHandler`` does; so does a stderr that is not a
-    file descriptor (a test's capture, say).
+    What a ``SIGKILL`` or a crash of the interpreter itself takes with it is the lines
+    below warnings of its last ``flush_seconds``; an exception nothing caught is logged as
+    a critical record (``log_uncaught_exceptions``), written at once. ``flush_seconds=0``
+    writes every line at once, as ``logging.StreamHandler`` does; so does a stderr that is
+    not a file descriptor (a test's capture, say).
     """
 
     def __init__(self, flush_seconds: float = 0.1) -> None:
@@ -148,11 +150,17 @@ class StderrHandler(logging.StreamHandler):
             )
         )
         self.flush_seconds = flush_seconds
-        self._written = threading.Event()
+        self._flushed_at = -flush_seconds
+        self._waiting = threading.Event()
         # The process the flushing thread runs in: a forked child starts its own.
         self._flusher_pid: int | None = None
         # A child must not inherit lines the parent has yet to write: it would write them too.
         os.register_at_fork(before=_flush_before_fork(weakref.ref(self)))
+
+    def flush(self) -> None:
+        super().flush()
+        if self.flush_seconds:
+            self._flushed_at = time.monotonic()
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self.flush_seconds:
@@ -165,22 +173,25 @@ class StderrHandler(logging.StreamHandler):
         except Exception:
             self.handleError(record)
             return
-        if record.levelno >= logging.WARNING:
+        if (
+            record.levelno >= logging.WARNING
+            or time.monotonic() - self._flushed_at >= self.flush_seconds
+        ):
             self.flush()
             return
         if self._flusher_pid != os.getpid():
             self._flusher_pid = os.getpid()
-            self._written.clear()
-            threading.Thread(target=self._flush_soon, name="log-flush", daemon=True).start()
+            self._waiting.clear()
+            threading.Thread(target=self._flush_later, name="log-flush", daemon=True).start()
         # Checked after the write: a flush that starts after this event's clear writes it.
-        if not self._written.is_set():
-            self._written.set()
+        if not self._waiting.is_set():
+            self._waiting.set()
 
-    def _flush_soon(self) -> None:
+    def _flush_later(self) -> None:
         while True:
-            self._written.wait()
-            time.sleep(self.flush_seconds)
-            self._written.clear()
+            self._waiting.wait()
+            time.sleep(max(0.0, self._flushed_at + self.flush_seconds - time.monotonic()))
+            self._waiting.clear()
             self.flush()
 
 

@@ -372,8 +372,9 @@ LOG_LEVEL = env.choice("LOG_LEVEL", ("debug", "info", "warning", "error"), defau
 # One JSON object per line in production (a log system parses them), a readable line in
 # development; both carry correlation_id, run_id, job_id and tenant_id where known.
 LOG_FORMAT = env.choice("LOG_FORMAT", ("json", "text"), default="text" if DEBUG else "json")
-# Lines below warnings reach stderr at most this long after they are written (a flush per
-# line, 0, costs a busy worker half its rate: common.logs.StderrHandler).
+# A busy process writes its lines below warnings together, this often; a quiet one each as
+# it comes (a write per line, 0, costs a busy worker a third of its rate:
+# common.logs.StderrHandler).
 LOG_FLUSH_SECONDS = env.float("LOG_FLUSH_SECONDS", default=0.1, minimum=0)
 LOGGING = {
     "version": 1,

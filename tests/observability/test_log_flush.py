@@ -1,5 +1,6 @@
-"""The log handler's buffer (``common.logs.StderrHandler``): lines below warnings are
-written a moment later, together; nothing is lost at exit, none is written twice by a fork.
+"""The log handler's buffer (``common.logs.StderrHandler``): a line after a quiet moment is
+written at once, the lines close behind it a moment later, together; nothing is lost at
+exit, none is written twice by a fork.
 
 Each test runs a process of its own with the handler on its real stderr (a pipe read
 here), driven step by step through its stdin and stdout, so that what is checked does not
@@ -100,13 +101,14 @@ class Child:
         self.selector.close()
 
 
-def test_an_info_line_waits_in_the_buffer_and_a_warning_writes_it_first_in_order():
+def test_a_line_after_a_quiet_moment_is_out_at_once_the_next_waits_for_a_warning():
     child = Child(flush_seconds=30)
     try:
         child.tell("info first")
+        assert child.stderr_within(0.05) == "first\n"
         child.tell("info second")
-        # Written by the process, not out yet: its flush is 30 s away.
-        assert child.stderr_within(0.5) == ""
+        # Written by the process, not out yet: the last write is less than 30 s old.
+        assert child.stderr_within(0.5) == "first\n"
         child.tell("warning third")
         # A warning goes out at once, after the lines before it.
         assert child.stderr_within(0.5).splitlines() == ["first", "second", "third"]
@@ -114,15 +116,15 @@ def test_an_info_line_waits_in_the_buffer_and_a_warning_writes_it_first_in_order
         child.close()
 
 
-def test_a_line_is_out_a_moment_later_with_nothing_else_written():
-    child = Child(flush_seconds=0.2)
+def test_the_lines_that_wait_are_out_a_moment_later_with_nothing_else_written():
+    child = Child(flush_seconds=1)
     try:
-        child.tell("info alone")
-        assert child.stderr_lines_once("alone") == ["alone"]
+        child.tell("info one")
+        child.tell("info two")
+        child.tell("info three")
+        assert child.stderr_lines_once("three") == ["one", "two", "three"]
         # The process is still there, waiting: the flush came by itself.
         assert child.process.poll() is None
-        child.tell("info again")
-        assert child.stderr_lines_once("again") == ["alone", "again"]
     finally:
         child.close()
 
@@ -130,10 +132,11 @@ def test_a_line_is_out_a_moment_later_with_nothing_else_written():
 def test_the_lines_still_in_the_buffer_are_written_at_exit():
     child = Child(flush_seconds=30)
     try:
-        child.tell("info before the exit")
+        child.tell("info out at once")
+        child.tell("info in the buffer")
         child.tell("exit")
         assert child.process.wait(timeout=20) == 0
-        assert child.stderr_within(1).splitlines() == ["before the exit"]
+        assert child.stderr_within(1).splitlines() == ["out at once", "in the buffer"]
     finally:
         child.close()
 
@@ -141,11 +144,17 @@ def test_the_lines_still_in_the_buffer_are_written_at_exit():
 def test_a_forked_child_writes_its_own_lines_and_none_of_its_parents():
     child = Child(flush_seconds=30)
     try:
-        child.tell("info the parent's, before the fork")
+        child.tell("info the parent's, out at once")
+        child.tell("info the parent's, in the buffer at the fork")
         child.tell("fork the child's")
         child.tell("warning the parent's, after")
         lines = child.stderr_lines_once("the child's", "the parent's, after")
-        assert lines == ["the parent's, before the fork", "the child's", "the parent's, after"]
+        assert lines == [
+            "the parent's, out at once",
+            "the parent's, in the buffer at the fork",
+            "the child's",
+            "the parent's, after",
+        ]
     finally:
         child.close()
 

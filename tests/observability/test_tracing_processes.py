@@ -146,23 +146,38 @@ def test_one_job_is_one_trace_across_the_processes_and_their_log_lines(
         for line in json_lines.json()
         if line.get("trace_id") == trace_id
     )
-    # ...the relay's, the worker's and the automation's worker's.
+    # ...the relay's, the worker's and the automation's worker's. A process writes its
+    # lines below warnings up to LOG_FLUSH_SECONDS after they were logged, together: the
+    # last ones may be on their way still.
     logs = processes.logs
-    relay_batches = [
-        line
-        for line in lines_of(logs / "relay.log")
-        if line.get("message") == "relayed batch" and trace_id in line.get("trace_ids", [])
-    ]
-    assert relay_batches and all(line["level"] == "INFO" for line in relay_batches)
-    worker_lines = [
-        line for line in lines_of(logs / "worker.log") if line.get("trace_id") == trace_id
-    ]
-    assert {line.get("task") for line in worker_lines} >= {"machines.power_on", "webhook.deliver"}
-    assert any(line["logger"] == "hubdommed.webhook" for line in worker_lines)
-    agent_lines = [
-        line
-        for line in lines_of(processes.machines_dir / "exported.log")
-        if line.get("trace_id") == trace_id
-    ]
-    assert any(f"job {job_id} succeeded" in line["message"] for line in agent_lines), agent_lines
-    assert all(line["job_id"] == str(job_id) for line in agent_lines)
+
+    def relay_batches() -> list[dict]:
+        return [
+            line
+            for line in lines_of(logs / "relay.log")
+            if line.get("message") == "relayed batch" and trace_id in line.get("trace_ids", [])
+        ]
+
+    def worker_lines() -> list[dict]:
+        return [line for line in lines_of(logs / "worker.log") if line.get("trace_id") == trace_id]
+
+    def agent_lines() -> list[dict]:
+        return [
+            line
+            for line in lines_of(processes.machines_dir / "exported.log")
+            if line.get("trace_id") == trace_id
+        ]
+
+    wait_until(
+        lambda: (
+            relay_batches()
+            and {line.get("task") for line in worker_lines()}
+            >= {"machines.power_on", "webhook.deliver"}
+            and any(f"job {job_id} succeeded" in line["message"] for line in agent_lines())
+        ),
+        timeout=10,
+        message=lambda: f"the processes' lines of the trace\n{processes.log_text()}",
+    )
+    assert all(line["level"] == "INFO" for line in relay_batches())
+    assert any(line["logger"] == "hubdommed.webhook" for line in worker_lines())
+    assert all(line["job_id"] == str(job_id) for line in agent_lines())
