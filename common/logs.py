@@ -154,8 +154,7 @@ class StderrHandler(logging.StreamHandler):
         self._waiting = threading.Event()
         # The process the flushing thread runs in: a forked child starts its own.
         self._flusher_pid: int | None = None
-        # A child must not inherit lines the parent has yet to write: it would write them too.
-        os.register_at_fork(before=_flush_before_fork(weakref.ref(self)))
+        _guard_forks(self)
 
     def flush(self) -> None:
         super().flush()
@@ -180,8 +179,9 @@ class StderrHandler(logging.StreamHandler):
             self.flush()
             return
         if self._flusher_pid != os.getpid():
+            # The first line to wait in this process (a forked child has no flushing thread).
             self._flusher_pid = os.getpid()
-            self._waiting.clear()
+            self._waiting = threading.Event()
             threading.Thread(target=self._flush_later, name="log-flush", daemon=True).start()
         # Checked after the write: a flush that starts after this event's clear writes it.
         if not self._waiting.is_set():
@@ -195,9 +195,27 @@ class StderrHandler(logging.StreamHandler):
             self.flush()
 
 
-def _flush_before_fork(handler: weakref.ref[StderrHandler]):
-    def flush() -> None:
-        if (alive := handler()) is not None:
-            alive.flush()
+def _guard_forks(handler: StderrHandler) -> None:
+    """A fork neither copies the lines that wait (the child would write them too) nor
+    happens in the middle of a write: the buffer is written, then the handler's lock held
+    until the fork is done (a thread writing at that moment would leave the stream's own
+    lock taken in the child, for ever). The child gets a new lock from ``logging``."""
+    ref = weakref.ref(handler)
+    held = threading.local()
 
-    return flush
+    def before() -> None:
+        held.lock = None
+        alive = ref()
+        # Bounded: a thread that holds the lock and waits for the fork's own locks
+        # (``logging.config`` at that very moment) must not stop the fork for good.
+        if alive is not None and alive.lock is not None and alive.lock.acquire(timeout=1.0):
+            held.lock = alive.lock
+            alive.stream.flush()
+            alive._flushed_at = time.monotonic()
+
+    def after_in_parent() -> None:
+        if getattr(held, "lock", None) is not None:
+            held.lock.release()
+            held.lock = None
+
+    os.register_at_fork(before=before, after_in_parent=after_in_parent)
