@@ -6,11 +6,13 @@ and the current span's ``trace_id`` and ``span_id`` while tracing is on (``commo
 In production (``LOG_FORMAT=json``) each record is one JSON object per line
 (python-json-logger); in development, a readable line with the ids at its end. With JSON,
 an exception nothing caught is one record too (``log_uncaught_exceptions``), not a
-traceback printed line by line.
+traceback printed line by line. ``StderrHandler`` writes the lines of a busy process
+together, a few times a second, and a quiet process's as they come.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.config
 import os
@@ -192,7 +194,9 @@ class StderrHandler(logging.StreamHandler):
             self._waiting.wait()
             time.sleep(max(0.0, self._flushed_at + self.flush_seconds - time.monotonic()))
             self._waiting.clear()
-            self.flush()
+            # Stderr closed or gone: there is nowhere to write, and nobody to tell.
+            with contextlib.suppress(OSError, ValueError):
+                self.flush()
 
 
 def _guard_forks(handler: StderrHandler) -> None:
