@@ -119,7 +119,7 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
                     "started_by",
                     "rerun_of_link",
                     "attempt",
-                    "correlation_id",
+                    "correlation",
                     "links",
                 )
             },
@@ -222,9 +222,10 @@ class JobAdmin(ReadOnlyAdmin, admin.ModelAdmin):
         return format_html('<a href="{}">job {}</a>', url, job.rerun_of_id)
 
     @admin.display(description="correlation id")
-    def correlation_id(self, job: Job) -> str:
-        """The id of the request that created it: its log lines and messages carry it."""
-        correlation = job_correlation_id(job.pk)
+    def correlation(self, job: Job) -> str:
+        """The id of the request that created it: its log lines and messages carry it (a
+        job older than its column: its first event's)."""
+        correlation = job.correlation_id or job_correlation_id(job.pk)
         if not correlation:
             return "—"
         url = reverse("admin:outbox_taskrun_changelist")

@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from common import tracing
 from common.columns import insert_sql
+from common.context import get_correlation_id
 from common.errors import Conflict, DomainError
 from job.metrics import JOB_TRANSITIONS
 from job.models import Job, JobStatus
@@ -46,6 +47,7 @@ def jobs_create_many(requests: Sequence[JobRequest]) -> list[Job | DomainError]:
     checked: dict[tuple[int, str], DomainError | None] = {}
     now = timezone.now()
     traceparent = tracing.current_traceparent() or ""
+    correlation_id = get_correlation_id()
     for request in requests:
         key = (request.automation.pk, json.dumps(request.params, sort_keys=True, default=str))
         if key not in checked:
@@ -63,6 +65,7 @@ def jobs_create_many(requests: Sequence[JobRequest]) -> list[Job | DomainError]:
                 created_at=now,
                 updated_at=now,
                 traceparent=traceparent,
+                correlation_id=correlation_id,
             )
         )
     jobs = [outcome for outcome in outcomes if isinstance(outcome, Job)]
@@ -71,7 +74,7 @@ def jobs_create_many(requests: Sequence[JobRequest]) -> list[Job | DomainError]:
     # No savepoint of its own (two round trips): a failure here fails the caller's block,
     # which undoes the batch (the firing's set, in its savepoint).
     with transaction.atomic(savepoint=False):
-        _insert(jobs, now=now, traceparent=traceparent)
+        _insert(jobs, now=now, traceparent=traceparent, correlation_id=correlation_id)
         publish_many(
             Occurrence(event.name, event.payload, aggregate=job, tenant=job.tenant_id)
             for job in jobs
@@ -83,7 +86,7 @@ def jobs_create_many(requests: Sequence[JobRequest]) -> list[Job | DomainError]:
     return outcomes
 
 
-def _insert(jobs: list[Job], *, now, traceparent: str) -> None:
+def _insert(jobs: list[Job], *, now, traceparent: str, correlation_id: str) -> None:
     """One INSERT for every job, a parameter a column (``common.columns``); each job gets
     its id."""
     sql, params = insert_sql(
@@ -94,7 +97,12 @@ def _insert(jobs: list[Job], *, now, traceparent: str) -> None:
             "params": [job.params for job in jobs],
             "triggered_by": [job.triggered_by for job in jobs],
         },
-        same={"created_at": now, "updated_at": now, "traceparent": traceparent},
+        same={
+            "created_at": now,
+            "updated_at": now,
+            "traceparent": traceparent,
+            "correlation_id": correlation_id,
+        },
     )
     with connection.cursor() as cursor:
         cursor.execute(f'{sql} RETURNING "id"', params)

@@ -139,6 +139,17 @@ class Job(models.Model):
             "requests about it (empty while the hub's tracing is off)."
         ),
     )
+    # The correlation id (X-Request-ID) of the request that created the job, for the same
+    # reason: a job found by the poll alone is claimed and reported under it.
+    correlation_id = models.TextField(
+        blank=True,
+        default="",
+        db_default="",
+        help_text=(
+            "The correlation id of the request that created the job (X-Request-ID), for "
+            "the worker's requests about it."
+        ),
+    )
 
     class Meta:
         db_table = "jobs"

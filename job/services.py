@@ -26,6 +26,7 @@ from automation.params_schema import UnusableSchema, params_errors
 from automation.selectors import JobTerms, automation_get, automation_id_on_terms
 from automation.services import worker_seen
 from common import tracing
+from common.context import get_correlation_id
 from common.errors import Conflict, DomainError, InvalidInput, NotFound
 from identity.selectors import tenant_is_active
 from job import automation_terms, live
@@ -113,6 +114,7 @@ def job_create(
         created_at=now,
         updated_at=now,
         traceparent=tracing.current_traceparent() or "",
+        correlation_id=get_correlation_id(),
     )
     for _ in range(_WRITES_ON_CHANGED_TERMS):
         try:

@@ -27,11 +27,20 @@ logger = logging.getLogger("hubdommed.agent")
 
 @dataclass(frozen=True)
 class JobIds:
-    """What the job's message told of it: the ids its requests and log lines carry."""
+    """What the job's message (or the poll) told of it: the ids its requests and log lines
+    carry."""
 
     correlation_id: str | None = None
     tenant_id: int | None = None
     traceparent: str | None = None
+
+    def filled_from(self, other: JobIds) -> JobIds:
+        """These ids, with what they lack taken from ``other`` (the poll knows no tenant)."""
+        return JobIds(
+            correlation_id=self.correlation_id or other.correlation_id,
+            tenant_id=self.tenant_id if self.tenant_id is not None else other.tenant_id,
+            traceparent=self.traceparent or other.traceparent,
+        )
 
 
 # The job the current thread's requests are for (``for_job``).

@@ -103,9 +103,11 @@ class AutomationWorker:
     def offer(self, job_id: int, ids: JobIds | None = None) -> None:
         """A job may be waiting: try to claim it soon (duplicates are ignored)."""
         with self._queued_lock:
-            if ids is not None and (job_id not in self._ids or ids.correlation_id):
-                # The message's ids (correlation id, tenant, trace) over the poll's (trace).
-                self._ids[job_id] = ids
+            if ids is not None:
+                # The message's and the poll's ids are the same job's: whichever came
+                # first, the other fills what it lacks (the poll knows no tenant).
+                known = self._ids.get(job_id)
+                self._ids[job_id] = ids if known is None else known.filled_from(ids)
             if job_id in self._queued or job_id in self._running:
                 return
             self._queued.add(job_id)
@@ -184,8 +186,10 @@ class AutomationWorker:
             logger.warning("poll failed, will try again: %s", exc)
             return 0
         for job in jobs:
-            traceparent = job.get("traceparent") or None
-            self.offer(job["id"], JobIds(traceparent=traceparent) if traceparent else None)
+            # The ids of the request that created the job: its claim, heartbeats and
+            # report carry them, whichever of the poll and the message comes first.
+            ids = _ids_of(job)
+            self.offer(job["id"], ids if ids.correlation_id or ids.traceparent else None)
         return len(jobs)
 
     def claim_next(self, *, timeout: float) -> bool:

@@ -132,7 +132,7 @@ class PollFilters(serializers.Serializer):
 class PendingJobOutput(serializers.ModelSerializer):
     class Meta:
         model = Job
-        fields = ("id", "created_at", "traceparent")
+        fields = ("id", "created_at", "traceparent", "correlation_id")
         read_only_fields = fields
 
 
@@ -158,6 +158,7 @@ class ClaimedJobOutput(serializers.ModelSerializer):
             "last_heartbeat_at",
             "finished_at",
             "traceparent",
+            "correlation_id",
         )
         read_only_fields = fields
 

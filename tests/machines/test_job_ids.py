@@ -89,3 +89,14 @@ def test_an_outcome_kept_without_ids_or_with_damaged_ones_is_reported_all_the_sa
 
     for _, headers in hub.requests:
         assert "traceparent" not in headers and "x-request-id" not in headers
+
+
+@pytest.mark.parametrize("message_first", [True, False])
+def test_the_poll_and_the_message_of_one_job_fill_each_others_ids(hub, tmp_path, message_first):
+    # The poll names the job's correlation id and trace; its message, its tenant too.
+    polled = JobIds(correlation_id="creating-request", traceparent=TRACEPARENT)
+    message = JobIds(correlation_id="creating-request", tenant_id=3, traceparent=TRACEPARENT)
+    agent = worker_with(hub, OutcomeSpool(tmp_path))
+    for ids in (message, polled) if message_first else (polled, message):
+        agent.offer(7, ids)
+    assert agent._ids[7] == message

@@ -297,3 +297,46 @@ def test_a_job_found_by_the_poll_alone_is_claimed_and_reported_in_its_trace(
     assert {"agent.claim", "agent.job", "agent.report", "outbox.publish JobCompleted"} <= names
     for path in ("start", "complete"):
         assert server_spans(ours, "POST", f"api/v1/jobs/<int:job_id>/{path}"), path
+
+
+def test_a_job_found_by_the_poll_alone_is_claimed_and_reported_under_its_request_id(
+    hub, catalog, tenant, json_lines
+):
+    # Tracing or not: the correlation id of the POST that created the job is the hub's
+    # way to follow it in the logs, whichever of the poll and the message reaches the
+    # worker first (the poll won the race in a run of the end-to-end test).
+    created = catalog("polled-ids")
+    person = UserFactory(tenant=tenant)
+    request_id = f"poll-{uuid.uuid4().hex}"
+    # No relay: the job's message never reaches its worker, which learns of it by its poll.
+    answer = requests.post(
+        f"{hub}/api/v1/jobs",
+        json={"automation": created.automation.id, "params": {"name": "poll"}},
+        headers={
+            "Authorization": f"Bearer {issue_access_token(person).token}",
+            "X-Request-ID": request_id,
+        },
+        timeout=30,
+    )
+    assert answer.status_code == 201, answer.text
+    job_id = answer.json()["id"]
+    client = HubClient(hub, created.credential)
+    agent = AutomationWorker(client, client.me(), stop_budget=5)
+    try:
+        assert agent.poll_once() == 1
+        assert agent.claim_next(timeout=5)
+        wait_until(lambda: agent.stats.succeeded == 1, timeout=30, message=lambda: agent.stats)
+    finally:
+        agent.shutdown.set()
+        agent._drain()
+        client.close()
+    assert job_status(job_id) == "succeeded"
+
+    calls = {
+        line["path"].rsplit("/", 1)[-1]: line
+        for line in json_lines.json()
+        if line["logger"] == "hubdommed.http" and f"/jobs/{job_id}/" in line.get("path", "")
+    }
+    for call in ("start", "complete"):
+        assert calls[call]["correlation_id"] == request_id, calls[call]
+        assert calls[call]["job_id"] == str(job_id), calls[call]
