@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from common.logs import StderrHandler
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +56,7 @@ for line in sys.stdin:
 
 class Child:
     def __init__(self, flush_seconds: float) -> None:
-        self.process = subprocess.Popen(
+        self.popen = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(flush_seconds)],
             cwd=ROOT,
             stdin=subprocess.PIPE,
@@ -63,22 +65,22 @@ class Child:
             text=True,
             bufsize=1,
         )
-        os.set_blocking(self.process.stderr.fileno(), False)
+        os.set_blocking(self.popen.stderr.fileno(), False)
         self.selector = selectors.DefaultSelector()
-        self.selector.register(self.process.stderr, selectors.EVENT_READ)
+        self.selector.register(self.popen.stderr, selectors.EVENT_READ)
         self.err = ""
 
     def tell(self, command: str) -> None:
-        self.process.stdin.write(command + "\n")
-        self.process.stdin.flush()
+        self.popen.stdin.write(command + "\n")
+        self.popen.stdin.flush()
         if command != "exit":
-            assert self.process.stdout.readline() == "ok\n"
+            assert self.popen.stdout.readline() == "ok\n"
 
     def stderr_within(self, seconds: float) -> str:
         """What the process wrote to stderr so far, waiting up to ``seconds`` for more."""
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0 and self.selector.select(left):
-            chunk = self.process.stderr.read()
+            chunk = self.popen.stderr.read()
             if not chunk:
                 break
             self.err += chunk
@@ -94,79 +96,78 @@ class Child:
         return self.err.splitlines()
 
     def close(self) -> None:
-        self.process.kill()
-        self.process.wait(timeout=20)
-        for pipe in (self.process.stdin, self.process.stdout, self.process.stderr):
+        self.popen.kill()
+        self.popen.wait(timeout=20)
+        for pipe in (self.popen.stdin, self.popen.stdout, self.popen.stderr):
             pipe.close()
         self.selector.close()
 
 
-def test_a_line_after_a_quiet_moment_is_out_at_once_the_next_waits_for_a_warning():
-    child = Child(flush_seconds=30)
-    try:
-        child.tell("info first")
-        assert child.stderr_within(0.05) == "first\n"
-        child.tell("info second")
-        # Written by the process, not out yet: the last write is less than 30 s old.
-        assert child.stderr_within(0.5) == "first\n"
-        child.tell("warning third")
-        # A warning goes out at once, after the lines before it.
-        assert child.stderr_within(0.5).splitlines() == ["first", "second", "third"]
-    finally:
-        child.close()
+@pytest.fixture
+def child():
+    """Starts a ``Child`` with the given delay; each is killed at the end of the test."""
+    started: list[Child] = []
+
+    def start(flush_seconds: float) -> Child:
+        started.append(Child(flush_seconds))
+        return started[-1]
+
+    yield start
+    for one in started:
+        one.close()
 
 
-def test_the_lines_that_wait_are_out_a_moment_later_with_nothing_else_written():
-    child = Child(flush_seconds=1)
-    try:
-        child.tell("info one")
-        child.tell("info two")
-        child.tell("info three")
-        assert child.stderr_lines_once("three") == ["one", "two", "three"]
-        # The process is still there, waiting: the flush came by itself.
-        assert child.process.poll() is None
-    finally:
-        child.close()
+def test_a_line_after_a_quiet_moment_is_out_at_once_the_next_waits_for_a_warning(child):
+    process = child(flush_seconds=30)
+    process.tell("info first")
+    assert process.stderr_within(0.05) == "first\n"
+    process.tell("info second")
+    # Written by the process, not out yet: the last write is less than 30 s old.
+    assert process.stderr_within(0.5) == "first\n"
+    process.tell("warning third")
+    # A warning goes out at once, after the lines before it.
+    assert process.stderr_within(0.5).splitlines() == ["first", "second", "third"]
 
 
-def test_the_lines_still_in_the_buffer_are_written_at_exit():
-    child = Child(flush_seconds=30)
-    try:
-        child.tell("info out at once")
-        child.tell("info in the buffer")
-        child.tell("exit")
-        assert child.process.wait(timeout=20) == 0
-        assert child.stderr_within(1).splitlines() == ["out at once", "in the buffer"]
-    finally:
-        child.close()
+def test_the_lines_that_wait_are_out_a_moment_later_with_nothing_else_written(child):
+    process = child(flush_seconds=1)
+    process.tell("info one")
+    process.tell("info two")
+    process.tell("info three")
+    assert process.stderr_lines_once("three") == ["one", "two", "three"]
+    # The process is still there, waiting: the flush came by itself.
+    assert process.popen.poll() is None
 
 
-def test_a_forked_child_writes_its_own_lines_and_none_of_its_parents():
-    child = Child(flush_seconds=30)
-    try:
-        child.tell("info the parent's, out at once")
-        child.tell("info the parent's, in the buffer at the fork")
-        child.tell("fork the child's")
-        child.tell("warning the parent's, after")
-        lines = child.stderr_lines_once("the child's", "the parent's, after")
-        assert lines == [
-            "the parent's, out at once",
-            "the parent's, in the buffer at the fork",
-            "the child's",
-            "the parent's, after",
-        ]
-    finally:
-        child.close()
+def test_the_lines_still_in_the_buffer_are_written_at_exit(child):
+    process = child(flush_seconds=30)
+    process.tell("info out at once")
+    process.tell("info in the buffer")
+    process.tell("exit")
+    assert process.popen.wait(timeout=20) == 0
+    assert process.stderr_within(1).splitlines() == ["out at once", "in the buffer"]
 
 
-def test_with_no_delay_each_line_is_out_at_once():
-    child = Child(flush_seconds=0)
-    try:
-        child.tell("info at once")
-        # Out before the process answered.
-        assert child.stderr_within(0.05) == "at once\n"
-    finally:
-        child.close()
+def test_a_forked_child_writes_its_own_lines_and_none_of_its_parents(child):
+    process = child(flush_seconds=30)
+    process.tell("info the parent's, out at once")
+    process.tell("info the parent's, in the buffer at the fork")
+    process.tell("fork the child's")
+    process.tell("warning the parent's, after")
+    lines = process.stderr_lines_once("the child's", "the parent's, after")
+    assert lines == [
+        "the parent's, out at once",
+        "the parent's, in the buffer at the fork",
+        "the child's",
+        "the parent's, after",
+    ]
+
+
+def test_with_no_delay_each_line_is_out_at_once(child):
+    process = child(flush_seconds=0)
+    process.tell("info at once")
+    # Out before the process answered.
+    assert process.stderr_within(0.05) == "at once\n"
 
 
 def test_a_stderr_that_is_no_file_gets_each_line_at_once(monkeypatch):

@@ -264,16 +264,15 @@ def test_one_job_is_one_trace_from_its_post_to_its_webhook(
     assert webhook_lines and all(line["job_id"] == str(job_id) for line in webhook_lines)
 
 
-def test_a_job_found_by_the_poll_alone_is_claimed_and_reported_in_its_trace(
-    hub, spans, catalog, tenant, tmp_path
-):
-    created = catalog("polled")
+def run_by_its_poll_alone(hub: str, catalog, tenant, slug: str, headers: dict) -> int:
+    """POST a job, then have its automation's worker find it by its poll, claim and run it:
+    no relay, so the job's message never reaches the worker. Returns the job's id."""
+    created = catalog(slug)
     person = UserFactory(tenant=tenant)
-    # No relay: the job's message never reaches its worker, which learns of it by its poll.
     answer = requests.post(
         f"{hub}/api/v1/jobs",
         json={"automation": created.automation.id, "params": {"name": "poll"}},
-        headers={"Authorization": f"Bearer {issue_access_token(person).token}"},
+        headers={"Authorization": f"Bearer {issue_access_token(person).token}", **headers},
         timeout=30,
     )
     assert answer.status_code == 201, answer.text
@@ -289,6 +288,13 @@ def test_a_job_found_by_the_poll_alone_is_claimed_and_reported_in_its_trace(
         agent._drain()
         client.close()
     assert job_status(job_id) == "succeeded"
+    return job_id
+
+
+def test_a_job_found_by_the_poll_alone_is_claimed_and_reported_in_its_trace(
+    hub, spans, catalog, tenant
+):
+    run_by_its_poll_alone(hub, catalog, tenant, "polled", headers={})
 
     finished = list(spans.get_finished_spans())
     (create,) = server_spans(finished, "POST", "api/v1/jobs")
@@ -305,32 +311,10 @@ def test_a_job_found_by_the_poll_alone_is_claimed_and_reported_under_its_request
     # Tracing or not: the correlation id of the POST that created the job is the hub's
     # way to follow it in the logs, whichever of the poll and the message reaches the
     # worker first (the poll won the race in a run of the end-to-end test).
-    created = catalog("polled-ids")
-    person = UserFactory(tenant=tenant)
     request_id = f"poll-{uuid.uuid4().hex}"
-    # No relay: the job's message never reaches its worker, which learns of it by its poll.
-    answer = requests.post(
-        f"{hub}/api/v1/jobs",
-        json={"automation": created.automation.id, "params": {"name": "poll"}},
-        headers={
-            "Authorization": f"Bearer {issue_access_token(person).token}",
-            "X-Request-ID": request_id,
-        },
-        timeout=30,
+    job_id = run_by_its_poll_alone(
+        hub, catalog, tenant, "polled-ids", headers={"X-Request-ID": request_id}
     )
-    assert answer.status_code == 201, answer.text
-    job_id = answer.json()["id"]
-    client = HubClient(hub, created.credential)
-    agent = AutomationWorker(client, client.me(), stop_budget=5)
-    try:
-        assert agent.poll_once() == 1
-        assert agent.claim_next(timeout=5)
-        wait_until(lambda: agent.stats.succeeded == 1, timeout=30, message=lambda: agent.stats)
-    finally:
-        agent.shutdown.set()
-        agent._drain()
-        client.close()
-    assert job_status(job_id) == "succeeded"
 
     calls = {
         line["path"].rsplit("/", 1)[-1]: line
