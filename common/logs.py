@@ -211,8 +211,10 @@ def _guard_forks(handler: StderrHandler) -> None:
         held.lock = None
         alive = ref()
         # Bounded: a thread that holds the lock and waits for the fork's own locks
-        # (``logging.config`` at that very moment) must not stop the fork for good.
-        if alive is not None and alive.lock is not None and alive.lock.acquire(timeout=1.0):
+        # (``logging.config`` at that very moment) must not stop the fork for good. Long
+        # enough that threads writing without a pause on a loaded machine, which take the
+        # lock back as soon as they let go of it, do not make the fork go ahead without it.
+        if alive is not None and alive.lock is not None and alive.lock.acquire(timeout=10.0):
             held.lock = alive.lock
             alive.stream.flush()
             alive._flushed_at = time.monotonic()
