@@ -199,6 +199,20 @@ class StderrHandler(logging.StreamHandler):
                 self.flush()
 
 
+def flush_now(timeout: float = 1.0) -> None:
+    """Write what the root's handlers hold, before a process leaves without its teardown
+    (``os._exit``); a handler whose lock is not free within ``timeout`` (a thread stuck
+    writing to a full pipe) is skipped rather than waited for."""
+    for handler in logging.getLogger().handlers:
+        if handler.lock is None or not handler.lock.acquire(timeout=timeout):
+            continue
+        try:
+            with contextlib.suppress(OSError, ValueError):
+                handler.flush()
+        finally:
+            handler.lock.release()
+
+
 def _guard_forks(handler: StderrHandler) -> None:
     """A fork neither copies the lines that wait (the child would write them too) nor
     happens in the middle of a write: the buffer is written, then the handler's lock held

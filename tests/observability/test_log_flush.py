@@ -26,7 +26,8 @@ from common.logs import StderrHandler
 ROOT = Path(__file__).resolve().parents[2]
 
 # Logs what each line of its stdin says: "info TEXT", "warning TEXT", "fork TEXT" (a
-# child logs TEXT at info and exits), "exit"; after each, "ok" on stdout.
+# child logs TEXT at info and exits), "exit", "leave" (at once, without the interpreter's
+# teardown); after each, "ok" on stdout.
 CHILD = """
 import logging, logging.config, os, sys
 logging.config.dictConfig({
@@ -50,6 +51,11 @@ for line in sys.stdin:
         os.waitpid(pid, 0)
     elif verb == "exit":
         sys.exit(0)
+    elif verb == "leave":
+        # What run_worker does on a second SIGTERM: no teardown, the lines written first.
+        from common.logs import flush_now
+        flush_now()
+        os._exit(1)
     print("ok", flush=True)
 """
 
@@ -73,7 +79,7 @@ class Child:
     def tell(self, command: str) -> None:
         self.popen.stdin.write(command + "\n")
         self.popen.stdin.flush()
-        if command != "exit":
+        if command not in ("exit", "leave"):
             assert self.popen.stdout.readline() == "ok\n"
 
     def stderr_within(self, seconds: float) -> str:
@@ -145,6 +151,15 @@ def test_the_lines_still_in_the_buffer_are_written_at_exit(child):
     process.tell("info in the buffer")
     process.tell("exit")
     assert process.popen.wait(timeout=20) == 0
+    assert process.stderr_within(1).splitlines() == ["out at once", "in the buffer"]
+
+
+def test_a_process_that_leaves_without_its_teardown_writes_its_lines_first(child):
+    process = child(flush_seconds=30)
+    process.tell("info out at once")
+    process.tell("info in the buffer")
+    process.tell("leave")
+    assert process.popen.wait(timeout=20) == 1
     assert process.stderr_within(1).splitlines() == ["out at once", "in the buffer"]
 
 

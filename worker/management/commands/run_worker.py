@@ -27,6 +27,7 @@ from automation.agent.client import AutomationInfo, HubClient, HubError
 from automation.machines.local import LOCK_FD_ENV
 from broker.consume_loop import ConsumeLoop
 from broker.topology import QUEUES
+from common.logs import flush_now
 from common.metrics import serve_metrics
 from lifecycle import Backoff, Stop
 from lifecycle.startup import stopped_during_startup
@@ -47,7 +48,7 @@ def parse_queues(value: str | list[str]) -> list[str]:
 
 
 def _leave_now() -> None:
-    logging.shutdown()
+    flush_now()
     os._exit(1)
 
 
