@@ -11,7 +11,9 @@ with it, just when the burst needs the worker fastest.
 
 The plans are taken in that very state, prepared as the worker prepares them, with
 PostgreSQL's own choice between a custom and a generic plan forced each way; what each
-must show is that its scans read a bounded number of rows per run of the window.
+must show is that its scans read a bounded number of rows per run of the window, and, for
+the worker's statements, that they change the runs in the order of their arrays (sorted
+by run id: two windows that share runs lock them in the same order).
 """
 
 from __future__ import annotations
@@ -130,6 +132,24 @@ def test_a_window_statement_reads_the_window_not_the_backlog(burst, statement):
         # And it did its work: every run of the window was found and changed.
         (source,) = [node for node in plan["Plans"] if node["Parent Relationship"] == "Outer"]
         assert source["Actual Rows"] == WINDOW, (statement, source["Actual Rows"])
+        if statement != "refusal":
+            # One run after the other, in the order of its arrays (sorted by run id): the
+            # order its rows are locked in.
+            assert in_array_order(source), (statement, source)
+
+
+def in_array_order(join: dict) -> bool:
+    """Whether ``join`` takes its rows from ``unnest`` one after the other, each run found
+    by key as it comes (a nested loop, the arrays outside, the primary key inside)."""
+    if join["Node Type"] != "Nested Loop":
+        return False
+    sides = {node["Parent Relationship"]: node for node in join["Plans"]}
+    outer, inner = sides["Outer"], sides["Inner"]
+    return (
+        outer["Node Type"] == "Function Scan"
+        and inner["Node Type"] == "Index Scan"
+        and inner["Index Name"] == "task_runs_pkey"
+    )
 
 
 # The transitions off the hot path: one run (or an operator's selection) among a backlog of

@@ -176,12 +176,27 @@ def test_a_success_is_recorded_only_by_the_holder_still_holding_the_run():
     )
 
 
-def test_two_workers_claiming_overlapping_windows_at_once_claim_each_run_once():
+@pytest.mark.parametrize("recorded", [True, False], ids=["queued-runs", "runs-not-recorded-yet"])
+def test_two_workers_claiming_overlapping_windows_at_once_claim_each_run_once(recorded):
     """Windows sharing runs, in opposite orders, from two connections released together,
     many times: each run goes to exactly one of them, and no claim fails (a deadlock would
-    abort one of the statements)."""
+    abort one of the statements). The runs are queued ones (the claim's own statement
+    locks them), or not recorded yet (the first to find one missing records it)."""
     rounds, size = 30, 20
     windows = [[str(uuid.uuid4()) for _ in range(size)] for _ in range(rounds)]
+    if recorded:
+        TaskRun.objects.bulk_create(
+            TaskRun(run_id=run_id, task="test.work", queue="default")
+            for window in windows
+            for run_id in window
+        )
+        # Among a history of finished runs, as in production: the runs are found by key.
+        TaskRun.objects.bulk_create(
+            TaskRun(run_id=uuid.uuid4(), task="test.work", queue="default", status="succeeded")
+            for _ in range(5_000)
+        )
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE task_runs")
     barrier = threading.Barrier(2)
     won: list[set[str]] = [set(), set()]
     errors: list[BaseException] = []
