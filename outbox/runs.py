@@ -218,13 +218,13 @@ def _window(
     """A window statement's arrays, side by side (it unnests them together), sorted by run
     id: the order its rows are locked in (run ids in their canonical form sort as their
     UUIDs do)."""
-    columns = sorted(zip(run_ids, holders, seconds or [0.0] * len(run_ids), strict=True))
+    order = sorted(range(len(run_ids)), key=run_ids.__getitem__)
     arrays = {
-        "run_ids": uuid_array([run_id for run_id, _, _ in columns]),
-        "holders": text_array([holder for _, holder, _ in columns]),
+        "run_ids": uuid_array([run_ids[i] for i in order]),
+        "holders": text_array([holders[i] for i in order]),
     }
     if seconds is not None:
-        arrays["seconds"] = float_array([lease for _, _, lease in columns])
+        arrays["seconds"] = float_array([seconds[i] for i in order])
     return arrays
 
 

@@ -192,7 +192,12 @@ def test_two_workers_claiming_overlapping_windows_at_once_claim_each_run_once(re
         )
         # Among a history of finished runs, as in production: the runs are found by key.
         TaskRun.objects.bulk_create(
-            TaskRun(run_id=uuid.uuid4(), task="test.work", queue="default", status="succeeded")
+            TaskRun(
+                run_id=uuid.uuid4(),
+                task="test.work",
+                queue="default",
+                status=TaskRun.Status.SUCCEEDED,
+            )
             for _ in range(5_000)
         )
         with connection.cursor() as cursor:
