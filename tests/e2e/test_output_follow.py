@@ -106,7 +106,10 @@ def test_fifty_followers_see_every_line_once_across_restarts_of_the_api_stream_a
     expected = [["tick", str(n)] for n in range(LINES)]
     for follower in followers:
         lines = follower.text().splitlines()
-        assert [line.split()[:2] for line in lines] == expected
+        assert [line.split()[:2] for line in lines] == expected, (
+            f"answers {follower.statuses}, events {[(e.id, e.name) for e in follower.events]}"
+            f"\n{stream.log_text()[-4000:]}"
+        )
         assert follower.events[-1].name == "end"
         assert follower.events[-1].json["status"] == "succeeded"
     # The stream process's restart broke every stream: each follower came back.
