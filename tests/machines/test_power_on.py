@@ -10,6 +10,7 @@ from automation.machines import PowerOn
 from automation.machines.services import machine_power_on
 from automation.models import Worker
 from tests.factories import AutomationFactory, WorkerFactory
+from tests.machines.stand_in import started
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.django_db
@@ -20,14 +21,14 @@ def test_power_on_starts_a_local_machine_with_a_fresh_credential(fake_worker_com
     old_hash = worker.credential_hash
 
     assert machine_power_on(automation_id=worker.automation_id) == PowerOn.STARTED
-    assert wait_until((fake_worker_command / "starts").exists)
+    assert wait_until(lambda: started(fake_worker_command))
 
     worker.refresh_from_db()
     assert worker.status == Worker.Status.STARTING
     assert worker.credential_hash != old_hash
     # The process got the credential that now authenticates, and only the hash is stored.
-    credential = (fake_worker_command / "starts").read_text().split("] ")[1]
-    assert hash_credential(credential.strip()) == worker.credential_hash
+    credential = started(fake_worker_command)[0].split("] ")[1]
+    assert hash_credential(credential) == worker.credential_hash
 
 
 def test_power_on_of_a_running_machine_changes_nothing(fake_worker_command):

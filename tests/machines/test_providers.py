@@ -11,6 +11,7 @@ import pytest
 from automation.machines import MachineState, PowerOn, provider_for
 from automation.machines.ec2 import Ec2Provider
 from automation.machines.local import LocalProvider
+from tests.machines.stand_in import started
 from tests.polling import wait_until
 
 
@@ -105,15 +106,13 @@ def test_local_power_on_starts_one_detached_worker_with_its_credential(fake_work
     assert provider.state(machine) == MachineState.STOPPED
 
     assert provider.power_on(machine, issue_credential=lambda: "hdw_first") == PowerOn.STARTED
-    starts = fake_worker_command / "starts"
-    assert wait_until(starts.exists)
+    assert wait_until(lambda: started(fake_worker_command))
     assert provider.state(machine) == MachineState.RUNNING
     # Idempotent: the running worker holds the machine's lock.
     assert (
         provider.power_on(machine, issue_credential=lambda: "hdw_second") == PowerOn.ALREADY_RUNNING
     )
-    lines = starts.read_text().splitlines()
-    assert lines == ["['run_worker', '--automation', 'invoices'] hdw_first"]
+    assert started(fake_worker_command) == ["['run_worker', '--automation', 'invoices'] hdw_first"]
 
 
 def test_concurrent_local_power_ons_start_a_single_worker(fake_worker_command):
@@ -135,8 +134,8 @@ def test_concurrent_local_power_ons_start_a_single_worker(fake_worker_command):
     # Every power-on has returned, and only one spawned a process (STARTED is returned
     # after the spawn): that one process writes its line.
     assert sorted(results).count(PowerOn.STARTED) == 1
-    assert wait_until((fake_worker_command / "starts").exists)
-    assert len((fake_worker_command / "starts").read_text().splitlines()) == 1
+    assert wait_until(lambda: started(fake_worker_command))
+    assert len(started(fake_worker_command)) == 1
 
 
 def test_when_the_local_worker_exits_the_machine_is_stopped_and_can_start_again(
@@ -150,7 +149,7 @@ def test_when_the_local_worker_exits_the_machine_is_stopped_and_can_start_again(
     assert wait_until(lambda: provider.state(machine) == MachineState.STOPPED)
     (fake_worker_command / "stop").unlink()
     assert provider.power_on(machine, issue_credential=lambda: "hdw_2") == PowerOn.STARTED
-    assert wait_until(lambda: len((fake_worker_command / "starts").read_text().splitlines()) == 2)
+    assert wait_until(lambda: len(started(fake_worker_command)) == 2)
 
 
 def test_local_power_on_needs_a_credential(fake_worker_command):

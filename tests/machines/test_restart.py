@@ -20,12 +20,8 @@ from automation.models import Worker
 from automation.services import worker_rotate_credential
 from outbox.models import PlatformOutboxMessage
 from tests.factories import AutomationFactory, WorkerFactory
+from tests.machines.stand_in import started
 from tests.polling import wait_until
-
-
-def starts(base) -> list[str]:
-    path = base / "starts"
-    return path.read_text().splitlines() if path.exists() else []
 
 
 def restarts() -> list[dict]:
@@ -41,13 +37,13 @@ def test_restart_stops_the_running_worker_and_starts_one_with_a_fresh_credential
 ):
     worker = WorkerFactory(automation=AutomationFactory(slug="stranded"))
     assert machine_power_on(automation_id=worker.automation_id) == PowerOn.STARTED
-    assert wait_until(lambda: len(starts(fake_worker_command)) == 1)
+    assert wait_until(lambda: len(started(fake_worker_command)) == 1)
     first_pid = int((fake_worker_command.parent / "machines" / "stranded.pid").read_text())
 
     assert machine_restart(automation_id=worker.automation_id) == PowerOn.STARTED
 
-    assert wait_until(lambda: len(starts(fake_worker_command)) == 2)
-    old, new = (line.split("] ")[1] for line in starts(fake_worker_command))
+    assert wait_until(lambda: len(started(fake_worker_command)) == 2)
+    old, new = (line.split("] ")[1] for line in started(fake_worker_command))
     assert old != new
     worker.refresh_from_db()
     assert hash_credential(new) == worker.credential_hash
@@ -62,7 +58,7 @@ def test_restart_of_a_stopped_machine_on_rotation_starts_nothing(fake_worker_com
 
     assert machine_restart(automation_id=worker.automation_id, only_running=True) is None
 
-    assert starts(fake_worker_command) == []
+    assert started(fake_worker_command) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -92,13 +88,13 @@ def test_the_credential_a_power_on_issues_asks_for_no_restart(fake_worker_comman
 def test_a_worker_heard_from_since_the_monitor_looked_is_not_restarted(fake_worker_command):
     worker = WorkerFactory(automation=AutomationFactory(slug="alive"))
     machine_power_on(automation_id=worker.automation_id)
-    assert wait_until(lambda: len(starts(fake_worker_command)) == 1)
+    assert wait_until(lambda: len(started(fake_worker_command)) == 1)
     looked = timezone.now() - timedelta(seconds=30)
     Worker.objects.filter(pk=worker.pk).update(last_seen_at=timezone.now())
 
     assert machine_restart(automation_id=worker.automation_id, silent_since=looked) is None
 
-    assert len(starts(fake_worker_command)) == 1
+    assert len(started(fake_worker_command)) == 1
 
 
 @pytest.mark.django_db
