@@ -19,11 +19,11 @@ import subprocess
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from automation.agent.client import HubClient, HubError
-from automation.agent.output import OutputSender
+from automation.agent.output import OutputSender, UnsentOutput
 from lifecycle import Backoff
 
 logger = logging.getLogger("hubdommed.agent")
@@ -43,6 +43,9 @@ class Outcome:
     error: str = ""
     # The claim was lost (the hub refused a heartbeat): nothing can be reported.
     claim_lost: bool = False
+    # Output the hub did not take before the command's end was reported: it goes with
+    # the report, before the outcome.
+    unsent_output: UnsentOutput | None = None
 
 
 class OutputTail:
@@ -157,9 +160,14 @@ def run_claimed_job(
 
     tail = output.text(wait=2)
     # The last chunks reach the hub before the report that ends the job (which refuses
-    # output from then on); a stopping worker waits for them a moment only.
-    sender.close(stopping=stopping)
-    code = process.returncode
+    # output from then on); a stopping worker waits for them a moment only. What the hub
+    # did not take by then goes with the report, ahead of the outcome.
+    unsent = None if sender.close(stopping=stopping) else sender.unsent()
+    outcome = _outcome(stop_reason, process.returncode, tail, timeout_seconds)
+    return replace(outcome, unsent_output=unsent)
+
+
+def _outcome(stop_reason: str, code: int | None, tail: str, timeout_seconds: float) -> Outcome:
     if stop_reason == "timeout":
         return Outcome(False, "timeout", code, tail, f"timed out after {timeout_seconds:g} s")
     if stop_reason == "canceled":

@@ -11,6 +11,11 @@ While the hub does not answer, the chunk in hand is tried again with growing pau
 (``lifecycle.Backoff``) and the buffer keeps filling; once it holds ``buffer_chars``, its
 oldest characters are dropped, and the next chunk begins with a line saying how many.
 A refusal (the claim was lost, the job ended) stops the sending for good.
+
+The end of a command waits a while for its last chunks (``close``). What the hub has not
+taken by then is not dropped: ``unsent`` hands it over, numbered where the sending stopped,
+and it goes with the job's report (kept on disk, sent before the outcome): the job's log
+gets every line even when the hub was away as the command ended.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 
 from automation.agent.client import HubClient, HubError
 from lifecycle import Backoff
@@ -32,8 +38,8 @@ BUFFER_CHARS = 1_000_000
 # How long the end of a command waits for its last chunks to reach the hub.
 CLOSE_SECONDS = 10.0
 # How much longer once the worker is stopping: its stop budget went to the command, and
-# its report must be on disk before whoever stops it stops waiting (the report's
-# output_tail keeps the end of the output either way).
+# its report must be on disk before whoever stops it stops waiting (what was not sent goes
+# with the report).
 STOPPING_CLOSE_SECONDS = 1.0
 # How often a close looks at the stop while it waits.
 CLOSE_SLICE_SECONDS = 0.1
@@ -41,6 +47,24 @@ CLOSE_SLICE_SECONDS = 0.1
 
 def dropped_marker(count: int) -> str:
     return f"[... {count} characters dropped: the hub was unreachable ...]\n"
+
+
+@dataclass(frozen=True)
+class UnsentOutput:
+    """Output the hub has not taken yet: ``chunks`` to be sent as ``seq``, ``seq`` + 1..."""
+
+    seq: int
+    chunks: list[str]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"seq": self.seq, "chunks": self.chunks}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> UnsentOutput:
+        seq, chunks = data["seq"], data["chunks"]
+        if not isinstance(seq, int) or not isinstance(chunks, list):
+            raise ValueError(f"not unsent output: {data!r}")
+        return cls(seq=seq, chunks=[str(chunk) for chunk in chunks])
 
 
 class OutputSender:
@@ -67,8 +91,12 @@ class OutputSender:
         # When the oldest unsent character came (monotonic), None while nothing waits.
         self._since: float | None = None
         self._seq = 0
+        # The chunk taken from the buffer and not taken by the hub yet (number ``_seq``).
+        self._in_hand: str | None = None
         self._closing = False
         self._gave_up = threading.Event()
+        # The hub refused a chunk: nothing more of this output would be taken.
+        self._refused = False
         self._changed = threading.Condition()
         # The thread's requests carry the job's ids, as this thread's do (client.for_job).
         context = contextvars.copy_context()
@@ -105,15 +133,15 @@ class OutputSender:
                 self._changed.notify()
 
     def close(
-        self, *, timeout: float = CLOSE_SECONDS, stopping: threading.Event | None = None
+        self, *, timeout: float | None = None, stopping: threading.Event | None = None
     ) -> bool:
-        """Send what is left (for at most ``timeout`` seconds, and at most
-        ``STOPPING_CLOSE_SECONDS`` once ``stopping`` is set, before the wait or during it);
-        True if all of it went."""
+        """Send what is left (for at most ``timeout`` seconds, CLOSE_SECONDS unless said,
+        and at most ``STOPPING_CLOSE_SECONDS`` once ``stopping`` is set, before the wait or
+        during it); True if all of it went (else see ``unsent``)."""
         with self._changed:
             self._closing = True
             self._changed.notify()
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + (CLOSE_SECONDS if timeout is None else timeout)
         stopped = False
         while self._thread.is_alive():
             now = time.monotonic()
@@ -133,8 +161,25 @@ class OutputSender:
 
     def abandon(self) -> None:
         """Send nothing more (the claim was lost)."""
+        self._refused = True
         self._gave_up.set()
         self.close(timeout=0)
+
+    def unsent(self) -> UnsentOutput | None:
+        """What a ``close`` that gave up leaves: the chunk in hand and the rest of the
+        buffer, in chunks numbered from where the sending stopped; None when everything
+        went, or when the hub refused the output (it would refuse it again).
+
+        The sending thread may still be in its last request: if the hub takes that chunk
+        after all, sending it again under the same number stores nothing."""
+        with self._changed:
+            if self._refused:
+                return None
+            chunks = [self._in_hand] if self._in_hand is not None else []
+            while self._size or self._dropped:
+                chunks.append(self._take())
+            self._in_hand = None
+            return UnsentOutput(seq=self._seq, chunks=chunks) if chunks else None
 
     def _run(self) -> None:
         try:
@@ -156,7 +201,10 @@ class OutputSender:
                 if self._gave_up.wait(backoff.failed()):
                     return
             backoff.reset()
-            self._seq += 1
+            with self._changed:
+                if self._in_hand is chunk:
+                    self._in_hand = None
+                    self._seq += 1
 
     def _next_chunk(self) -> str | None:
         """The next chunk once one is due; None when closed with nothing left."""
@@ -171,7 +219,8 @@ class OutputSender:
                         or self._size >= self.flush_chars
                         or waited >= self.flush_seconds
                     ):
-                        return self._take()
+                        self._in_hand = self._take()
+                        return self._in_hand
                     self._changed.wait(self.flush_seconds - waited)
                 elif self._closing:
                     return None
@@ -203,5 +252,6 @@ class OutputSender:
                 logger.warning("job %s: output not sent yet, will retry: %s", self.job_id, exc)
                 return False
             logger.info("job %s: the hub refuses its output; no more is sent: %s", self.job_id, exc)
+            self._refused = True
             self._gave_up.set()
         return True

@@ -21,7 +21,8 @@ from typing import Any
 logger = logging.getLogger("hubdommed.agent")
 
 # A spooled report: {"job_id": int, "claim_token": str, "kind": "complete"|"fail",
-# "body": {...the request's fields but the claim token...}}.
+# "body": {...the request's fields but the claim token...}, and "output": {"seq": int,
+# "chunks": [str, ...]} when the hub had not taken all of the command's output: sent first}.
 Report = dict[str, Any]
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import partial
 
 from automation.agent.client import (
     AutomationInfo,
@@ -42,6 +43,7 @@ from automation.agent.client import (
     for_job,
 )
 from automation.agent.executor import Outcome, run_claimed_job
+from automation.agent.output import UnsentOutput
 from automation.agent.spool import OutcomeSpool, Report
 from broker.consume import BadMessage
 from common import tracing
@@ -296,9 +298,64 @@ class AutomationWorker:
         job_id, token, kind = int(report["job_id"]), str(report["claim_token"]), report["kind"]
         send = self.client.complete if kind == "complete" else self.client.fail
         backoff = Backoff(0.5, self.report_backoff_cap, jitter=True)
+        try:
+            self._send_unsent_output(report, backoff)
+            refusal = self._until_answered(
+                job_id,
+                "report the outcome",
+                partial(send, job_id, token, **report["body"]),
+                backoff,
+            )
+        except _KeptOnDisk:
+            return False
+        if refusal is not None:
+            logger.error("job %s: the hub refused the outcome for good: %s", job_id, refusal)
+            self.stats.errors.append(f"{job_id}: {refusal}")
+            self._forget(report)
+            return False
+        self._forget(report)
+        if kind == "complete":
+            self.stats.succeeded += 1
+            logger.info("job %s succeeded", job_id)
+        else:
+            self.stats.failed += 1
+            logger.info("job %s failed: %s", job_id, report["body"].get("error", ""))
+        return True
+
+    def _send_unsent_output(self, report: Report, backoff: Backoff) -> None:
+        """The output the hub had not taken when the command ended, before the outcome
+        (which ends the job: the hub takes no output after it). Sent again from the disk,
+        a chunk the hub has already stores nothing (its number is the same)."""
+        if not report.get("output"):
+            return
+        job_id, token = int(report["job_id"]), str(report["claim_token"])
+        try:
+            unsent = UnsentOutput.from_dict(report["output"])
+        except (KeyError, TypeError, ValueError) as exc:
+            logger.error("job %s: the output kept with the outcome is unreadable: %s", job_id, exc)
+            return
+        for seq, text in enumerate(unsent.chunks, start=unsent.seq):
+            refusal = self._until_answered(
+                job_id,
+                "send the rest of the output",
+                partial(self.client.output, job_id, token, seq=seq, text=text),
+                backoff,
+            )
+            if refusal is not None:
+                # The job is someone else's or over: the outcome meets the same answer.
+                logger.warning("job %s: the rest of the output is refused: %s", job_id, refusal)
+                return
+            backoff.reset()
+
+    def _until_answered(
+        self, job_id: int, what: str, call: Callable[[], object], backoff: Backoff
+    ) -> HubError | None:
+        """``call`` again until the hub answers: None once it took it, its refusal when
+        sending again cannot change the answer. ``_KeptOnDisk`` when the report must wait
+        for the next worker: the credential was refused, or a stop spent its budget."""
         while True:
             try:
-                send(job_id, token, **report["body"])
+                call()
             except HubError as exc:
                 if exc.credential_refused:
                     self._refused(exc)
@@ -308,34 +365,21 @@ class AutomationWorker:
                         job_id,
                         exc,
                     )
-                    return False
+                    raise _KeptOnDisk from exc
                 if not exc.retryable:
-                    logger.error("job %s: the hub refused the outcome for good: %s", job_id, exc)
-                    self.stats.errors.append(f"{job_id}: {exc}")
-                    self._forget(report)
-                    return False
+                    return exc
                 pause = backoff.failed()
                 logger.warning(
-                    "job %s: could not report the outcome yet, trying again in %.1f s: %s",
-                    job_id,
-                    pause,
-                    exc,
+                    "job %s: could not %s yet, trying again in %.1f s: %s", job_id, what, pause, exc
                 )
                 # Stopping, with the stop budget spent: keep it on disk for the next start.
                 if self.stopping_jobs.wait(pause):
                     logger.warning(
                         "job %s: stopping; the outcome stays on disk for the next start", job_id
                     )
-                    return False
+                    raise _KeptOnDisk from exc
                 continue
-            self._forget(report)
-            if kind == "complete":
-                self.stats.succeeded += 1
-                logger.info("job %s succeeded", job_id)
-            else:
-                self.stats.failed += 1
-                logger.info("job %s failed: %s", job_id, report["body"].get("error", ""))
-            return True
+            return None
 
     def _forget(self, report: Report) -> None:
         if self.spool is not None:
@@ -380,6 +424,10 @@ class AutomationWorker:
                 thread.join(30)
 
 
+class _KeptOnDisk(Exception):
+    """The report waits on disk for the next worker."""
+
+
 @contextmanager
 def _about(job_id: int, ids: JobIds) -> Iterator[None]:
     """The block's log lines and requests to the hub carry the job's ids."""
@@ -413,6 +461,8 @@ def report_of(job: dict, outcome: Outcome, ids: JobIds | None = None) -> Report:
         "kind": "complete" if outcome.succeeded else "fail",
         "body": body,
     }
+    if outcome.unsent_output is not None:
+        report["output"] = outcome.unsent_output.as_dict()
     if ids is not None and ids != JobIds():
         report["ids"] = {key: value for key, value in asdict(ids).items() if value is not None}
     return report

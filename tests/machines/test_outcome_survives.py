@@ -14,10 +14,12 @@ from urllib.parse import urlsplit
 import pytest
 from django.utils import timezone
 
+from automation.agent import output as agent_output
 from automation.agent.client import AutomationInfo, HubClient
 from automation.agent.spool import OutcomeSpool
 from automation.agent.worker import AutomationWorker
 from job.models import Job
+from job.selectors import job_output_page
 from job.services import job_claim, job_complete
 from tests.factories import AutomationFactory, JobFactory, WorkerFactory
 from tests.forwarding import Forwarder
@@ -27,8 +29,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def reports_put_off(caplog) -> int:
-    """How many times the worker tried to report an outcome and was told to wait."""
-    return sum("could not report the outcome yet" in r.getMessage() for r in caplog.records)
+    """How many times the worker tried to report an outcome (the output the hub missed
+    first, then the outcome) and was told to wait."""
+    return sum(
+        "could not report the outcome yet" in r.getMessage()
+        or "could not send the rest of the output yet" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def info_of(automation) -> AutomationInfo:
@@ -47,6 +54,27 @@ def hub(live_server):
     forwarder = Forwarder((url.hostname, url.port)).open()
     yield forwarder
     forwarder.close()
+
+
+def stored_log(job) -> str:
+    return job_output_page(job=job, offset=0, limit=1_000_000).text
+
+
+def lines_on_cue(path) -> list[str]:
+    """A command that prints a line, then four more once ``path`` exists, then exits."""
+    program = (
+        "import os, sys, time\n"
+        "print('line 0', flush=True)\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
+        "for n in range(1, 5):\n"
+        "    print(f'line {n}', flush=True)\n"
+    )
+    return [sys.executable, "-c", program, str(path)]
+
+
+EVERY_LINE = "".join(f"line {n}\n" for n in range(5))
 
 
 def start(worker: AutomationWorker) -> threading.Thread:
@@ -88,7 +116,10 @@ def test_an_outcome_the_hub_could_not_take_is_reported_once_it_answers(hub, tmp_
         worker.shutdown.set()
         thread.join(30)
         client.close()
-    assert "finished" in Job.objects.get(pk=job.pk).output_tail
+    job = Job.objects.get(pk=job.pk)
+    assert "finished" in job.output_tail
+    # The line the hub missed as the command ended is in the job's log too.
+    assert stored_log(job) == "finished\n"
 
 
 def test_an_outcome_kept_by_a_previous_worker_is_reported_first_at_start(hub, tmp_path):
@@ -161,3 +192,100 @@ def test_the_hub_takes_the_report_of_the_claim_that_ran_after_its_lease_expired(
     )
 
     assert done.status == "succeeded"
+
+
+def test_output_the_hub_missed_as_the_command_ended_reaches_the_log_before_the_outcome(
+    hub, tmp_path, monkeypatch
+):
+    """The hub goes away before the command's last lines are sent: the end of the command
+    waits for them a while, then they go with the report, and the hub stores them before
+    the outcome that ends the job."""
+    monkeypatch.setattr(agent_output, "CLOSE_SECONDS", 0.5)
+    cue = tmp_path / "go"
+    automation = AutomationFactory(command=lines_on_cue(cue))
+    credential = WorkerFactory(automation=automation).credential
+    job = JobFactory(automation=automation)
+    spool = OutcomeSpool(tmp_path / "outcomes")
+    client = HubClient(hub.url, credential)
+    worker = AutomationWorker(
+        client,
+        info_of(automation),
+        poll_interval=0.2,
+        heartbeat_interval=0.3,
+        spool=spool,
+        report_backoff_cap=1.0,
+    )
+    thread = start(worker)
+    try:
+        wait_until(lambda: stored_log(job) == "line 0\n", timeout=15, message="the first line")
+        hub.close()
+        cue.touch()
+        wait_until(spool.pending, timeout=15, message="the outcome on disk")
+        assert spool.pending()[0]["output"]["seq"] >= 1
+        assert Job.objects.get(pk=job.pk).status == "running"
+
+        hub.open()
+
+        wait_until(
+            lambda: Job.objects.get(pk=job.pk).status == "succeeded", timeout=30, message="report"
+        )
+    finally:
+        worker.shutdown.set()
+        thread.join(30)
+        client.close()
+    assert stored_log(Job.objects.get(pk=job.pk)) == EVERY_LINE
+    assert spool.pending() == []
+
+
+def test_output_a_stopped_worker_could_not_send_is_sent_by_the_next_one_before_the_outcome(
+    hub, tmp_path
+):
+    """The worker is stopped with the hub away: its command is stopped, the output the hub
+    missed waits on disk with the outcome, and the next worker on the machine sends both."""
+    cue = tmp_path / "go"
+    program = lines_on_cue(cue)
+    # The four last lines, then the command stays until it is stopped.
+    program[2] += "time.sleep(60)\n"
+    automation = AutomationFactory(command=program)
+    worker_row = WorkerFactory(automation=automation)
+    job = JobFactory(automation=automation)
+    spool = OutcomeSpool(tmp_path / "outcomes")
+    first_client = HubClient(hub.url, worker_row.credential)
+    first = AutomationWorker(
+        first_client,
+        info_of(automation),
+        poll_interval=0.2,
+        heartbeat_interval=0.3,
+        spool=spool,
+        stop_budget=0.2,
+    )
+    thread = start(first)
+    try:
+        wait_until(lambda: stored_log(job) == "line 0\n", timeout=15, message="the first line")
+        hub.close()
+        cue.touch()
+        # The lines are printed (the command reads the cue every 50 ms) before the stop.
+        wait_until(lambda: len(first.stats.errors) == 0 and cue.exists(), timeout=5)
+        threading.Event().wait(0.5)
+        first.shutdown.set()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        first_client.close()
+    kept = spool.pending()
+    assert len(kept) == 1 and kept[0]["kind"] == "fail"
+    assert "".join(kept[0]["output"]["chunks"]) == EVERY_LINE[len("line 0\n") :]
+
+    hub.open()
+    client = HubClient(hub.url, worker_row.credential)
+    worker = AutomationWorker(client, info_of(automation), poll_interval=60, spool=spool)
+    thread = start(worker)
+    try:
+        wait_until(lambda: not spool.pending(), timeout=15, message="the kept outcome to go")
+    finally:
+        worker.shutdown.set()
+        thread.join(30)
+        client.close()
+    job = Job.objects.get(pk=job.pk)
+    assert job.status != "running"
+    assert stored_log(job) == EVERY_LINE

@@ -148,3 +148,44 @@ def test_a_stopping_worker_still_sends_output_the_hub_takes():
 
     assert output.close(stopping=stopping) is True
     assert hub.text == "last words\n"
+
+
+def test_what_a_close_could_not_send_is_handed_over_numbered_where_the_sending_stopped():
+    hub = OutputHub()
+    output = sender(hub, flush_chars=20, flush_seconds=0.05)
+    output.write("line 0\n")
+    wait_until(lambda: hub.text == "line 0\n", timeout=10, message=lambda: repr(hub.chunks))
+    hub.down.set()
+    output.write("line 1\n")
+    # Chunk 1 in hand, tried again and again; the rest waits in the buffer.
+    wait_until(lambda: hub.requests >= 3, timeout=10)
+    for n in range(2, 10):
+        output.write(f"line {n}\n")
+
+    assert output.close(timeout=0.3) is False
+    unsent = output.unsent()
+
+    assert unsent is not None and unsent.seq == 1
+    assert "".join(unsent.chunks) == "".join(f"line {n}\n" for n in range(1, 10))
+    assert all(len(chunk) <= 20 for chunk in unsent.chunks)
+    # Sent later in that order (the first may reach the hub twice), the log is whole.
+    hub.down.clear()
+    hub.output(7, "t", seq=1, text=unsent.chunks[0])
+    for seq, text in enumerate(unsent.chunks, start=unsent.seq):
+        hub.output(7, "t", seq=seq, text=text)
+    assert hub.text == "".join(f"line {n}\n" for n in range(10))
+
+
+def test_nothing_is_handed_over_when_everything_went_or_the_hub_refused_the_output():
+    hub = OutputHub()
+    output = sender(hub, flush_chars=1000, flush_seconds=5)
+    output.write("all of it\n")
+    assert output.close() is True
+    assert output.unsent() is None
+
+    refusing = OutputHub()
+    refusing.refusal = HubError("POST /jobs/7/output: 409 stale_claim", status=409)
+    output = sender(refusing, flush_chars=10, flush_seconds=0.05)
+    output.write("x" * 30)
+    assert output.close(timeout=5) is False
+    assert output.unsent() is None
