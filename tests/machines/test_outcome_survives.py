@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 import pytest
@@ -60,21 +61,73 @@ def stored_log(job) -> str:
     return job_output_page(job=job, offset=0, limit=1_000_000).text
 
 
-def lines_on_cue(path) -> list[str]:
-    """A command that prints a line, then four more once ``path`` exists, then exits."""
+def lines_on_cue(cue, *, then_wait: bool = False) -> list[str]:
+    """A command that prints a line, then four more once ``cue`` exists, says so in
+    ``cue``.printed, then exits (or, ``then_wait``, stays until it is stopped)."""
     program = (
-        "import os, sys, time\n"
+        "import os, pathlib, sys, time\n"
         "print('line 0', flush=True)\n"
+        "cue = pathlib.Path(sys.argv[1])\n"
         "deadline = time.monotonic() + 60\n"
-        "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:\n"
+        "while not cue.exists() and time.monotonic() < deadline:\n"
         "    time.sleep(0.05)\n"
         "for n in range(1, 5):\n"
         "    print(f'line {n}', flush=True)\n"
+        "cue.with_suffix('.printed').touch()\n"
     )
-    return [sys.executable, "-c", program, str(path)]
+    if then_wait:
+        program += "time.sleep(60)\n"
+    return [sys.executable, "-c", program, str(cue)]
+
+
+def printing_job(tmp_path, *, then_wait: bool = False):
+    """A job of an automation whose command is ``lines_on_cue``; its cue, the automation,
+    its worker's credential, the job and the machine's spool."""
+    cue = tmp_path / "go"
+    automation = AutomationFactory(command=lines_on_cue(cue, then_wait=then_wait))
+    credential = WorkerFactory(automation=automation).credential
+    job = JobFactory(automation=automation)
+    return cue, automation, credential, job, OutcomeSpool(tmp_path / "outcomes")
+
+
+@contextmanager
+def running(hub, automation, credential: str, spool: OutcomeSpool, **options):
+    """An automation worker on its thread, reaching the hub through ``hub``."""
+    client = HubClient(hub.url, credential)
+    worker = AutomationWorker(client, info_of(automation), spool=spool, **options)
+    thread = start(worker)
+    try:
+        yield worker
+    finally:
+        worker.shutdown.set()
+        thread.join(30)
+        client.close()
+    assert not thread.is_alive()
+
+
+def hub_away_before_the_last_lines(hub, job, cue) -> None:
+    wait_until(lambda: stored_log(job) == "line 0\n", timeout=15, message="the first line")
+    hub.close()
+    cue.touch()
+    printed = cue.with_suffix(".printed")
+    wait_until(printed.exists, timeout=15, message="the last lines printed")
 
 
 EVERY_LINE = "".join(f"line {n}\n" for n in range(5))
+LAST_LINES = EVERY_LINE.removeprefix("line 0\n")
+
+
+def kept_output(report) -> str:
+    """The output kept with a report, after the chunk of the first line: that chunk is
+    kept too when the hub stored it but its answer was cut by the outage (sent again, it
+    stores nothing)."""
+    output = report["output"]
+    text = "".join(output["chunks"])
+    if output["seq"] == 0:
+        assert text.startswith("line 0\n"), text
+        return text.removeprefix("line 0\n")
+    assert output["seq"] == 1, output
+    return text
 
 
 def start(worker: AutomationWorker) -> threading.Thread:
@@ -201,27 +254,13 @@ def test_output_the_hub_missed_as_the_command_ended_reaches_the_log_before_the_o
     waits for them a while, then they go with the report, and the hub stores them before
     the outcome that ends the job."""
     monkeypatch.setattr(agent_output, "CLOSE_SECONDS", 0.5)
-    cue = tmp_path / "go"
-    automation = AutomationFactory(command=lines_on_cue(cue))
-    credential = WorkerFactory(automation=automation).credential
-    job = JobFactory(automation=automation)
-    spool = OutcomeSpool(tmp_path / "outcomes")
-    client = HubClient(hub.url, credential)
-    worker = AutomationWorker(
-        client,
-        info_of(automation),
-        poll_interval=0.2,
-        heartbeat_interval=0.3,
-        spool=spool,
-        report_backoff_cap=1.0,
-    )
-    thread = start(worker)
-    try:
-        wait_until(lambda: stored_log(job) == "line 0\n", timeout=15, message="the first line")
-        hub.close()
-        cue.touch()
+    cue, automation, credential, job, spool = printing_job(tmp_path)
+    options = {"poll_interval": 0.2, "heartbeat_interval": 0.3, "report_backoff_cap": 1.0}
+
+    with running(hub, automation, credential, spool, **options):
+        hub_away_before_the_last_lines(hub, job, cue)
         wait_until(spool.pending, timeout=15, message="the outcome on disk")
-        assert spool.pending()[0]["output"]["seq"] >= 1
+        assert kept_output(spool.pending()[0]) == LAST_LINES
         assert Job.objects.get(pk=job.pk).status == "running"
 
         hub.open()
@@ -229,10 +268,7 @@ def test_output_the_hub_missed_as_the_command_ended_reaches_the_log_before_the_o
         wait_until(
             lambda: Job.objects.get(pk=job.pk).status == "succeeded", timeout=30, message="report"
         )
-    finally:
-        worker.shutdown.set()
-        thread.join(30)
-        client.close()
+
     assert stored_log(Job.objects.get(pk=job.pk)) == EVERY_LINE
     assert spool.pending() == []
 
@@ -242,50 +278,20 @@ def test_output_a_stopped_worker_could_not_send_is_sent_by_the_next_one_before_t
 ):
     """The worker is stopped with the hub away: its command is stopped, the output the hub
     missed waits on disk with the outcome, and the next worker on the machine sends both."""
-    cue = tmp_path / "go"
-    program = lines_on_cue(cue)
-    # The four last lines, then the command stays until it is stopped.
-    program[2] += "time.sleep(60)\n"
-    automation = AutomationFactory(command=program)
-    worker_row = WorkerFactory(automation=automation)
-    job = JobFactory(automation=automation)
-    spool = OutcomeSpool(tmp_path / "outcomes")
-    first_client = HubClient(hub.url, worker_row.credential)
-    first = AutomationWorker(
-        first_client,
-        info_of(automation),
-        poll_interval=0.2,
-        heartbeat_interval=0.3,
-        spool=spool,
-        stop_budget=0.2,
-    )
-    thread = start(first)
-    try:
-        wait_until(lambda: stored_log(job) == "line 0\n", timeout=15, message="the first line")
-        hub.close()
-        cue.touch()
-        # The lines are printed (the command reads the cue every 50 ms) before the stop.
-        wait_until(lambda: len(first.stats.errors) == 0 and cue.exists(), timeout=5)
-        threading.Event().wait(0.5)
-        first.shutdown.set()
-        thread.join(30)
-        assert not thread.is_alive()
-    finally:
-        first_client.close()
+    cue, automation, credential, job, spool = printing_job(tmp_path, then_wait=True)
+    options = {"poll_interval": 0.2, "heartbeat_interval": 0.3, "stop_budget": 0.2}
+
+    with running(hub, automation, credential, spool, **options):
+        hub_away_before_the_last_lines(hub, job, cue)
+    # Stopped: the command was stopped, and its outcome could not be reported.
     kept = spool.pending()
     assert len(kept) == 1 and kept[0]["kind"] == "fail"
-    assert "".join(kept[0]["output"]["chunks"]) == EVERY_LINE[len("line 0\n") :]
+    assert kept_output(kept[0]) == LAST_LINES
 
     hub.open()
-    client = HubClient(hub.url, worker_row.credential)
-    worker = AutomationWorker(client, info_of(automation), poll_interval=60, spool=spool)
-    thread = start(worker)
-    try:
+    with running(hub, automation, credential, spool, poll_interval=60):
         wait_until(lambda: not spool.pending(), timeout=15, message="the kept outcome to go")
-    finally:
-        worker.shutdown.set()
-        thread.join(30)
-        client.close()
+
     job = Job.objects.get(pk=job.pk)
     assert job.status != "running"
     assert stored_log(job) == EVERY_LINE
