@@ -95,7 +95,8 @@ def running(hub, automation, credential: str, spool: OutcomeSpool, **options):
     """An automation worker on its thread, reaching the hub through ``hub``."""
     client = HubClient(hub.url, credential)
     worker = AutomationWorker(client, info_of(automation), spool=spool, **options)
-    thread = start(worker)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
     try:
         yield worker
     finally:
@@ -130,12 +131,6 @@ def kept_output(report) -> str:
     return text
 
 
-def start(worker: AutomationWorker) -> threading.Thread:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    return thread
-
-
 def test_an_outcome_the_hub_could_not_take_is_reported_once_it_answers(hub, tmp_path, caplog):
     automation = AutomationFactory(
         command=[sys.executable, "-c", "import time; time.sleep(1.5); print('finished')"]
@@ -143,12 +138,8 @@ def test_an_outcome_the_hub_could_not_take_is_reported_once_it_answers(hub, tmp_
     credential = WorkerFactory(automation=automation).credential
     job = JobFactory(automation=automation)
     spool = OutcomeSpool(tmp_path / "outcomes")
-    client = HubClient(hub.url, credential)
-    worker = AutomationWorker(
-        client, info_of(automation), poll_interval=0.2, heartbeat_interval=0.3, spool=spool
-    )
-    thread = start(worker)
-    try:
+    options = {"poll_interval": 0.2, "heartbeat_interval": 0.3}
+    with running(hub, automation, credential, spool, **options) as worker:
         wait_until(
             lambda: Job.objects.get(pk=job.pk).status == "running", timeout=15, message="claim"
         )
@@ -165,10 +156,6 @@ def test_an_outcome_the_hub_could_not_take_is_reported_once_it_answers(hub, tmp_
             lambda: Job.objects.get(pk=job.pk).status == "succeeded", timeout=30, message="report"
         )
         wait_until(lambda: not spool.pending(), timeout=5, message="the spool to empty")
-    finally:
-        worker.shutdown.set()
-        thread.join(30)
-        client.close()
     job = Job.objects.get(pk=job.pk)
     assert "finished" in job.output_tail
     # The line the hub missed as the command ended is in the job's log too.
@@ -190,17 +177,10 @@ def test_an_outcome_kept_by_a_previous_worker_is_reported_first_at_start(hub, tm
             "body": {"result": {"exit_code": 0}, "output_tail": "done before", "exit_code": 0},
         }
     )
-    client = HubClient(hub.url, worker_row.credential)
-    worker = AutomationWorker(client, info_of(automation), poll_interval=60, spool=spool)
-    thread = start(worker)
-    try:
+    with running(hub, automation, worker_row.credential, spool, poll_interval=60):
         wait_until(
             lambda: Job.objects.get(pk=job.pk).status == "succeeded", timeout=15, message="it"
         )
-    finally:
-        worker.shutdown.set()
-        thread.join(30)
-        client.close()
     assert Job.objects.get(pk=job.pk).output_tail == "done before"
     assert spool.pending() == []
 
@@ -220,15 +200,8 @@ def test_an_outcome_the_hub_refuses_for_good_is_dropped(hub, tmp_path):
             "body": {"reason": "error", "error": "late", "output_tail": "", "exit_code": None},
         }
     )
-    client = HubClient(hub.url, worker_row.credential)
-    worker = AutomationWorker(client, info_of(automation), poll_interval=60, spool=spool)
-    thread = start(worker)
-    try:
+    with running(hub, automation, worker_row.credential, spool, poll_interval=60):
         wait_until(lambda: not spool.pending(), timeout=15, message="the refused outcome to go")
-    finally:
-        worker.shutdown.set()
-        thread.join(30)
-        client.close()
     assert Job.objects.get(pk=job.pk).status == "succeeded"
 
 
