@@ -58,8 +58,7 @@ class OutcomeSpool:
         """The reports kept, oldest first. An unreadable file (cut short by a crash before
         its rename cannot be: only a disk fault) is set aside, not reported."""
         reports = []
-        paths = sorted(self.directory.glob("job-*.json"), key=lambda p: p.stat().st_mtime)
-        for path in paths:
+        for path in self._oldest_first():
             try:
                 report = json.loads(path.read_bytes())
                 int(report["job_id"]), str(report["claim_token"]), report["kind"]
@@ -67,10 +66,20 @@ class OutcomeSpool:
                 continue  # reported and removed meanwhile
             except (ValueError, KeyError, TypeError):
                 logger.error("unreadable outcome %s: set aside as %s.bad", path, path.name)
-                path.rename(path.with_suffix(".bad"))
+                with contextlib.suppress(FileNotFoundError):
+                    path.rename(path.with_suffix(".bad"))
                 continue
             reports.append(report)
         return reports
+
+    def _oldest_first(self) -> list[Path]:
+        """The files, oldest first; one removed between the listing and its look (its
+        report delivered meanwhile, by this worker or another) is left out."""
+        dated = []
+        for path in self.directory.glob("job-*.json"):
+            with contextlib.suppress(FileNotFoundError):
+                dated.append((path.stat().st_mtime, path))
+        return [path for _, path in sorted(dated)]
 
     def _path(self, report: Report) -> Path:
         return self.directory / f"job-{int(report['job_id'])}-{report['claim_token']}.json"
