@@ -7,13 +7,18 @@ connection made to the checked address itself (the Host header and TLS's SNI and
 check keep the name): no second lookup, so no DNS-rebinding window between the check and the
 connect. Redirects are not followed unless ``WEBHOOK_MAX_REDIRECTS`` allows it, and then each
 hop is checked the same way. Timeouts are short and the answer's body is read only up to a
-bound, so a receiver costs a worker slot for seconds at most.
+bound, so a receiver costs a worker slot for seconds at most: the request's whole time is
+bounded by the clock (``WEBHOOK_TIMEOUT``), not only each read, since a receiver that sends
+a byte now and then meets every read timeout (``_Cutoff``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import heapq
 import ipaddress
+import itertools
 import logging
 import re
 import socket
@@ -26,6 +31,7 @@ from urllib.parse import urljoin, urlsplit
 import certifi
 import idna
 import urllib3
+import urllib3.connection
 from django.conf import settings
 from urllib3.exceptions import (
     ConnectTimeoutError,
@@ -323,24 +329,34 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
         return int((time.monotonic() - started) * 1000)
 
     try:
-        for _hop in range(settings.WEBHOOK_MAX_REDIRECTS + 1):
-            status, excerpt, location, retry_after = _post_once(url, body, headers, deadline)
-            if status in FOLLOWED_REDIRECTS and location and _hop < settings.WEBHOOK_MAX_REDIRECTS:
-                url = urljoin(url, location)
-                reason = check_url(url)
-                if reason:
-                    raise RefusedAddress(f"redirect refused: {reason}")
-                continue
-            error = ""
-            if status in REDIRECTS:
-                error = f"redirect to {location or '?'} not followed"
-            return Answer(status, elapsed_ms(), error, excerpt, retry_after)
+        with cutoffs.armed(deadline) as cutoff:
+            for _hop in range(settings.WEBHOOK_MAX_REDIRECTS + 1):
+                status, excerpt, location, retry_after = _post_once(
+                    url, body, headers, deadline, cutoff
+                )
+                if (
+                    status in FOLLOWED_REDIRECTS
+                    and location
+                    and _hop < settings.WEBHOOK_MAX_REDIRECTS
+                ):
+                    url = urljoin(url, location)
+                    reason = check_url(url)
+                    if reason:
+                        raise RefusedAddress(f"redirect refused: {reason}")
+                    continue
+                error = ""
+                if status in REDIRECTS:
+                    error = f"redirect to {location or '?'} not followed"
+                return Answer(status, elapsed_ms(), error, excerpt, retry_after)
     except RefusedAddress as exc:
         return Answer(None, elapsed_ms(), f"refused: {exc}", refused=True)
     except Unresolved as exc:
         return Answer(None, elapsed_ms(), f"connection error: {exc}")
     except (HTTPError, OSError, ssl.SSLError) as exc:
         logger.info("webhook POST to %s failed: %s: %s", url, type(exc).__name__, exc)
+        if cutoff.fired:
+            # Whatever the cut connection raised, the time limit is what ended it.
+            return Answer(None, elapsed_ms(), _took_too_long(), timed_out=True)
         error, timed_out = _described(exc)
         return Answer(None, elapsed_ms(), error, timed_out=timed_out)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -359,7 +375,7 @@ def _described(exc: BaseException) -> tuple[str, bool]:
     if isinstance(exc, ReadTimeoutError):
         return f"timeout: no answer within {settings.WEBHOOK_READ_TIMEOUT:g} s", True
     if isinstance(exc, Urllib3Timeout | TimeoutError):
-        return f"timeout: the request took longer than {settings.WEBHOOK_TIMEOUT:g} s", True
+        return _took_too_long(), True
     certificate = _in_chain(exc, ssl.SSLCertVerificationError)
     if certificate is not None:
         why = certificate.verify_message or "it could not be verified"
@@ -461,7 +477,7 @@ def _new_pool(key: _PoolKey) -> urllib3.HTTPConnectionPool:
     if key.scheme == "https":
         # Connected to the checked address; the name, in its A-label form, still drives
         # SNI and the certificate check, on every new connection of the pool.
-        return urllib3.HTTPSConnectionPool(
+        return _HTTPSPool(
             key.address,
             key.port,
             server_hostname=key.server_name,
@@ -470,14 +486,158 @@ def _new_pool(key: _PoolKey) -> urllib3.HTTPConnectionPool:
             ca_certs=key.ca_bundle,
             **pool_args,
         )
-    return urllib3.HTTPConnectionPool(key.address, key.port, **pool_args)
+    return _HTTPPool(key.address, key.port, **pool_args)
+
+
+# --- the time limit, by the clock ------------------------------------------------------------
+
+
+def _took_too_long() -> str:
+    return f"timeout: the request took longer than {settings.WEBHOOK_TIMEOUT:g} s"
+
+
+class _Cutoff:
+    """One request's time limit. The connection the request uses (each hop's) is handed
+    over as it connects and as it sends; at the limit its socket is shut down, which ends
+    the read waiting on it (the status line, a header, the body, a TLS handshake)."""
+
+    __slots__ = ("_connection", "_lock", "at", "done", "fired")
+
+    def __init__(self, at: float) -> None:
+        self.at = at
+        self.fired = False
+        # The request ended first: nothing to cut.
+        self.done = False
+        self._connection: urllib3.connection.HTTPConnection | None = None
+        self._lock = threading.Lock()
+
+    def watch(self, connection: urllib3.connection.HTTPConnection) -> None:
+        with self._lock:
+            self._connection = connection
+            fired = self.fired
+        if fired:
+            _cut(connection)
+
+    def fire(self) -> None:
+        with self._lock:
+            if self.done:
+                return
+            self.fired = True
+            connection = self._connection
+        if connection is not None:
+            _cut(connection)
+
+    def finish(self) -> None:
+        with self._lock:
+            self.done = True
+            self._connection = None
+
+
+def _cut(connection: urllib3.connection.HTTPConnection) -> None:
+    sock = getattr(connection, "sock", None)
+    if sock is None:
+        return  # still connecting: its own timeout bounds that
+    with contextlib.suppress(OSError):
+        # The plain socket's shutdown, also for TLS: ``SSLSocket.shutdown`` would unwrap
+        # the socket under the thread reading it.
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class _Cutoffs:
+    """The process's armed time limits, fired by one thread at their times."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, _Cutoff]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._local = threading.local()
+
+    @contextlib.contextmanager
+    def armed(self, at: float):
+        """A time limit at ``at`` (monotonic) for the requests this thread makes in the block."""
+        cutoff = _Cutoff(at)
+        with self._changed:
+            heapq.heappush(self._heap, (at, next(self._order), cutoff))
+            if self._thread is None or not self._thread.is_alive():
+                # Started here (not at import): a forked worker process has its own.
+                self._thread = threading.Thread(
+                    target=self._run, name="webhook-cutoffs", daemon=True
+                )
+                self._thread.start()
+            if self._heap[0][2] is cutoff:
+                self._changed.notify()
+        self._local.current = cutoff
+        try:
+            yield cutoff
+        finally:
+            self._local.current = None
+            cutoff.finish()
+
+    def watch(self, connection: urllib3.connection.HTTPConnection) -> None:
+        """``connection`` carries this thread's request now (a connection used outside
+        ``armed`` is not watched)."""
+        cutoff = getattr(self._local, "current", None)
+        if cutoff is not None:
+            cutoff.watch(connection)
+
+    def __len__(self) -> int:
+        with self._changed:
+            return sum(1 for _, _, cutoff in self._heap if not cutoff.done)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while True:
+                    while self._heap and self._heap[0][2].done:
+                        heapq.heappop(self._heap)
+                    if not self._heap:
+                        self._changed.wait()
+                        continue
+                    wait = self._heap[0][0] - time.monotonic()
+                    if wait <= 0:
+                        cutoff = heapq.heappop(self._heap)[2]
+                        break
+                    self._changed.wait(wait)
+            cutoff.fire()
+
+
+cutoffs = _Cutoffs()
+
+
+class _WatchedHTTPConnection(urllib3.connection.HTTPConnection):
+    def connect(self) -> None:
+        cutoffs.watch(self)
+        super().connect()
+
+    def request(self, *args, **kwargs) -> None:
+        cutoffs.watch(self)
+        super().request(*args, **kwargs)
+
+
+class _WatchedHTTPSConnection(urllib3.connection.HTTPSConnection):
+    def connect(self) -> None:
+        cutoffs.watch(self)
+        super().connect()
+
+    def request(self, *args, **kwargs) -> None:
+        cutoffs.watch(self)
+        super().request(*args, **kwargs)
+
+
+class _HTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+
+class _HTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
 
 
 pools = _Pools()
 
 
 def _post_once(
-    url: str, body: bytes, headers: dict[str, str], deadline: float
+    url: str, body: bytes, headers: dict[str, str], deadline: float, cutoff: _Cutoff
 ) -> tuple[int, str, str, float | None]:
     target = target_of(url)
     address = target.host if target.is_address else resolve(target.host, target.port)
@@ -522,6 +682,10 @@ def _post_once(
     whole = False
     try:
         excerpt, whole = _read_bounded(response, deadline)
+        if cutoff.fired:
+            # Cut at the time limit: what was read may end anywhere.
+            whole = False
+            raise TimeoutError("cut off at the time limit")
         return (
             response.status,
             excerpt,
