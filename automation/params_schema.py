@@ -5,13 +5,17 @@ automation is saved (API and admin), ``params_errors`` when a job is created, wh
 the same checks first so that a schema stored before them is refused the same way.
 
 A schema is refused when it is recursive (a $ref, $dynamicRef or anchor leading back to
-where it started: jsonschema then recurses until RecursionError), unresolvable, or too
-big. Regular expressions (pattern, patternProperties, and additionalProperties, which
-consults them) are matched with the ``regex`` module under a timeout: whether a pattern
-backtracks catastrophically depends on the input, and no syntactic rule (nested
-quantifiers, overlapping alternatives...) catches every such pattern, whereas a time
-bound holds for all of them. Everything else jsonschema does for one job is bounded by
-a deadline checked at every keyword.
+where it started: jsonschema then recurses until RecursionError), unresolvable, when a
+reference lands anywhere but on a subschema (inside a ``const``, an ``enum``, a
+``default`` or ``examples``: JSON the checks never walked, or no schema at all), or too
+big: in bytes, subschemas, depth, and in what its patterns cost to compile (their
+nesting, and their counted repeats, which the regex engine unrolls). Regular expressions
+(pattern, patternProperties, and additionalProperties, which consults them) are matched
+with the ``regex`` module under a timeout: whether a pattern backtracks catastrophically
+depends on the input, and no syntactic rule (nested quantifiers, overlapping
+alternatives...) catches every such pattern, whereas a time bound holds for all of them.
+Everything else jsonschema does for one job is bounded by a deadline checked at every
+keyword.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ import contextvars
 import functools
 import itertools
 import json
+import logging
+import re
 import time
+from re import _constants as sre_constants
+from re import _parser as sre_parser
 from typing import Any
 
 import regex
@@ -31,10 +39,18 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 from referencing.jsonschema import DRAFT202012
 
+logger = logging.getLogger("hubdommed.automation")
+
 SCHEMA_MAX_BYTES = 64 * 1024
 SCHEMA_MAX_SUBSCHEMAS = 1000
 SCHEMA_MAX_DEPTH = 40
 PATTERN_MAX_LENGTH = 1000
+# Groups inside groups: the engines parse them recursively (RecursionError at a few hundred).
+PATTERN_MAX_NESTING = 32
+# What the regex engine makes of a pattern when it compiles it (``_unrolled``): a pattern
+# at the bound compiles in about 10 ms, all of a schema's together in about 100 ms.
+PATTERN_MAX_UNROLLED = 10_000
+SCHEMA_MAX_UNROLLED = 100_000
 # Keywords whose values are data, not subschemas: a "$ref" in there refers to nothing.
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
@@ -57,6 +73,10 @@ def params_schema_problem(schema: Any) -> str | None:
     nodes, problem = _schema_nodes(schema)
     if problem:
         return problem
+    # Before the metaschema's check, which compiles each pattern too.
+    problem = _pattern_problem(nodes)
+    if problem:
+        return problem
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
@@ -64,16 +84,10 @@ def params_schema_problem(schema: Any) -> str | None:
         return f"Not a valid JSON Schema (draft 2020-12): {exc.message}" + (
             f" at '{where}'." if where else "."
         )
-    problem = _pattern_problem(nodes)
+    resolver = Registry().resolver_with_root(DRAFT202012.create_resource(schema))
+    edges, problem = _reference_edges(nodes, resolver)
     if problem:
         return problem
-    resolver = Registry().resolver_with_root(DRAFT202012.create_resource(schema))
-    edges, ref = _reference_edges(nodes, resolver)
-    if ref is not None:
-        return (
-            f"The reference {ref!r} leads nowhere in this schema: references must point "
-            "inside it (the hub never fetches schemas from elsewhere)."
-        )
     if _has_cycle(nodes, edges):
         return (
             "The schema is recursive (a $ref, $dynamicRef or anchor leads back into "
@@ -111,12 +125,33 @@ def _patterns(nodes: list[dict[str, Any]]):
 
 
 def _pattern_problem(nodes: list[dict[str, Any]]) -> str | None:
+    unrolled = 0
     for pattern in _patterns(nodes):
         if len(pattern) > PATTERN_MAX_LENGTH:
             return f"A pattern is longer than {PATTERN_MAX_LENGTH} characters."
+        if _nesting(pattern) > PATTERN_MAX_NESTING:
+            return (
+                f"The pattern {pattern[:80]!r} nests groups more than {PATTERN_MAX_NESTING} deep."
+            )
+        try:
+            size = _unrolled(sre_parser.parse(pattern))
+        except (re.error, RecursionError, OverflowError) as exc:
+            return f"The pattern {pattern[:80]!r} is not a valid regular expression: {exc}."
+        if size > PATTERN_MAX_UNROLLED:
+            return (
+                f"The pattern {pattern[:80]!r} is too big once its counted repeats are "
+                f"unrolled ({size} elements; at most {PATTERN_MAX_UNROLLED}): count with "
+                "minLength, maxLength, minItems or maxItems instead."
+            )
+        unrolled += size
+        if unrolled > SCHEMA_MAX_UNROLLED:
+            return (
+                f"The patterns are too big together once their counted repeats are unrolled "
+                f"(more than {SCHEMA_MAX_UNROLLED} elements)."
+            )
         try:
             regex.compile(pattern)
-        except regex.error as exc:
+        except (regex.error, RecursionError) as exc:
             return f"The pattern {pattern[:80]!r} is not a valid regular expression: {exc}."
     # unevaluatedProperties consults patternProperties through jsonschema's own ``re``,
     # out of reach of the timeout: the two together are refused.
@@ -126,8 +161,62 @@ def _pattern_problem(nodes: list[dict[str, Any]]) -> str | None:
     return None
 
 
+_REPEATS = (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT, sre_constants.POSSESSIVE_REPEAT)
+
+
+def _nesting(pattern: str) -> int:
+    """How deep the pattern's groups nest (escapes and character classes skipped)."""
+    depth = deepest = 0
+    index, in_class = 0, False
+    while index < len(pattern):
+        char = pattern[index]
+        if char == "\\":
+            index += 2
+            continue
+        if in_class:
+            in_class = char != "]"
+        elif char == "[":
+            in_class = True
+            # A "]" first in the class (after a "^") is one of its characters.
+            index += 1 + (pattern[index + 1 : index + 2] == "^")
+            index += pattern[index : index + 1] == "]"
+            continue
+        elif char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth = max(depth - 1, 0)
+        index += 1
+    return deepest
+
+
+def _unrolled(items) -> int:
+    """About how many elements the regex engine compiles for a parsed pattern: one an
+    element, a counted repeat's body as many times as its minimum (``(?:a{1000}){1000}``
+    is a million, and takes it a second), every branch of an alternation."""
+    size = 0
+    for op, value in items:
+        if op in _REPEATS:
+            low, _high, body = value
+            size += max(low, 1) * _unrolled(body)
+        elif op is sre_constants.SUBPATTERN:
+            size += _unrolled(value[-1])
+        elif op is sre_constants.BRANCH:
+            size += sum(_unrolled(branch) for branch in value[1])
+        elif op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
+            size += _unrolled(value[1])
+        elif op is sre_constants.ATOMIC_GROUP:
+            size += _unrolled(value)
+        elif op is sre_constants.GROUPREF_EXISTS:
+            size += _unrolled(value[1]) + (_unrolled(value[2]) if value[2] else 0)
+        else:
+            size += 1
+    return size
+
+
 def _reference_edges(nodes, resolver) -> tuple[dict[int, list[int]], str | None]:
-    """Where each subschema leads: its children, and the targets of its references.
+    """Where each subschema leads: its children, and the targets of its references; or
+    why a reference cannot be followed.
 
     A ``$dynamicRef`` may land on any ``$dynamicAnchor`` of its name at validation time:
     it leads to all of them, so a loop through any is found.
@@ -147,9 +236,19 @@ def _reference_edges(nodes, resolver) -> tuple[dict[int, list[int]], str | None]
             try:
                 target = resolver.lookup(ref).contents
             except Unresolvable:
-                return edges, ref
+                return edges, (
+                    f"The reference {ref!r} leads nowhere in this schema: references must "
+                    "point inside it (the hub never fetches schemas from elsewhere)."
+                )
             if id(target) in known:
                 targets.append(id(target))
+            elif not isinstance(target, bool):
+                # Inside a value (const, enum, default, examples): JSON none of these
+                # checks walked, or no schema at all. A boolean is a schema of its own.
+                return edges, (
+                    f"The reference {ref!r} does not point at a subschema: it lands inside "
+                    "a value (const, enum, default or examples)."
+                )
             if keyword == "$dynamicRef" and ref.startswith("#"):
                 targets.extend(dynamic_anchors.get(ref[1:], []))
         edges[id(node)] = targets
@@ -208,6 +307,13 @@ def params_errors(params: dict[str, Any], schema: dict[str, Any] | None) -> list
         errors = list(itertools.islice(validator.iter_errors(params), 20))
     except (_OutOfTime, TimeoutError, RecursionError):
         raise UnusableSchema("Checking the parameters against the schema took too long.") from None
+    except Exception as exc:
+        # A schema the checks above let through that the validator still cannot apply: the
+        # automation's to fix, not a failure of the request.
+        logger.exception("a parameter schema the checks accepted failed to validate")
+        raise UnusableSchema(
+            f"The schema could not be applied to the parameters ({type(exc).__name__})."
+        ) from None
     finally:
         _deadline.reset(token)
     errors.sort(key=lambda error: [str(part) for part in error.absolute_path])

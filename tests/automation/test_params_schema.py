@@ -46,6 +46,32 @@ TOO_EXPENSIVE = {
     "too deep": json.loads('{"not": ' * 60 + "{}" + "}" * 60),
     "a pattern the regex engine cannot compile": {"pattern": "(?<=a+)b"},
     "too long a pattern": {"pattern": "a" * 5000},
+    # The engines parse nested groups recursively: RecursionError (a 500) at a few hundred.
+    "a pattern nested too deep": {"pattern": "(" * 500 + ")" * 500},
+    # The regex engine unrolls counted repeats: 0.8 s to compile this one...
+    "a pattern whose repeats multiply": {"pattern": "(?:a{1000}){1000}"},
+    # ... and many under the bound each, together over it.
+    "patterns whose repeats add up": {
+        "properties": {f"p{n}": {"pattern": "(?:a{100}){100}"} for n in range(11)}
+    },
+}
+
+# A "$ref" must land on a subschema: one pointing into a value (const, enum, default,
+# examples) reaches JSON the save-time checks never walked, or no schema at all.
+REFERENCES_INTO_VALUES = {
+    "into a const, around the pattern checks": {
+        "$ref": "#/$defs/h/const",
+        "$defs": {"h": {"const": {"patternProperties": {"^(a*)*b$": {}}}}},
+        "unevaluatedProperties": False,
+    },
+    "into an enum's number": {"$defs": {"a": {"enum": [1]}}, "$ref": "#/$defs/a/enum/0"},
+    "into a const's string": {"$defs": {"a": {"const": "x"}}, "$ref": "#/$defs/a/const"},
+    "into a default's list": {"$defs": {"a": {"default": [1]}}, "$ref": "#/$defs/a/default"},
+    "into a default, back to itself": {"default": {"$ref": "#/default"}, "$ref": "#/default"},
+    "a $dynamicRef into examples": {
+        "$defs": {"a": {"examples": [{"type": "string"}]}},
+        "$dynamicRef": "#/$defs/a/examples/0",
+    },
 }
 
 
@@ -70,6 +96,25 @@ def test_a_schema_too_expensive_to_check_is_refused_when_saved(admin_api, sector
     assert response.status_code == 400, response.content
     assert "params_schema" in response.json()["error"]["details"]
     assert not Automation.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "schema", list(REFERENCES_INTO_VALUES.values()), ids=list(REFERENCES_INTO_VALUES)
+)
+def test_a_reference_into_a_value_is_refused_when_saved(admin_api, sector, schema):
+    response = admin_api.post(
+        "/api/v1/automations", payload(sector, params_schema=schema), format="json"
+    )
+
+    assert response.status_code == 400, response.content
+    assert (
+        "does not point at a subschema" in (response.json()["error"]["details"]["params_schema"][0])
+    )
+    assert not Automation.objects.exists()
+
+
+def test_a_reference_to_a_boolean_schema_is_accepted():
+    assert params_schema_problem({"$defs": {"any": True}, "$ref": "#/$defs/any"}) is None
 
 
 def test_a_recursive_schema_is_refused_on_update(admin_api, sector):
@@ -132,6 +177,31 @@ def test_a_stored_recursive_schema_makes_job_creation_a_409_not_a_500(member, sc
 
     assert response.status_code == 409, response.content
     assert response.json()["error"]["code"] == "automation_misconfigured"
+    assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("schema", "params"),
+    [
+        (REFERENCES_INTO_VALUES["into an enum's number"], {"a": 1}),
+        (REFERENCES_INTO_VALUES["into a const's string"], {"a": 1}),
+        # Unchecked, this one matched the key with Python's own engine: seconds, doubling
+        # with each character.
+        (REFERENCES_INTO_VALUES["into a const, around the pattern checks"], {"a" * 40: 1}),
+    ],
+    ids=["enum", "const", "const-pattern"],
+)
+def test_a_stored_schema_referring_into_a_value_makes_job_creation_a_409(member, schema, params):
+    automation = _stored(schema)
+
+    response = client_of(member).post(
+        "/api/v1/jobs", {"automation": automation.pk, "params": params}, format="json"
+    )
+
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert error["code"] == "automation_misconfigured"
+    assert "does not point at a subschema" in error["details"]["params_schema"][0]
     assert not Job.objects.exists()
 
 
@@ -246,3 +316,26 @@ def test_enum_keeps_json_schemas_equality(value, valid):
     schema = {"properties": {"x": {"enum": [1, [1.0], None]}}}
 
     assert (params_errors({"x": value}, schema) == []) is valid
+
+
+def test_a_schema_the_validator_cannot_apply_makes_job_creation_a_409(member, monkeypatch):
+    # Whatever the checks at save miss, the validator failing on a tenant's schema is the
+    # automation's problem to fix, told as such, never a 500.
+    from automation import params_schema
+
+    def broken(self, instance):
+        raise TypeError("argument of type 'int' is not iterable")
+
+    monkeypatch.setattr(params_schema._BoundedValidator, "iter_errors", broken)
+    automation = _stored({"properties": {"a": {"type": "string"}}})
+
+    response = client_of(member).post(
+        "/api/v1/jobs", {"automation": automation.pk, "params": {"a": "x"}}, format="json"
+    )
+
+    assert response.status_code == 409, response.content
+    error = response.json()["error"]
+    assert error["code"] == "automation_misconfigured"
+    assert error["details"]["params_schema"] == [
+        "The schema could not be applied to the parameters (TypeError)."
+    ]
