@@ -280,9 +280,11 @@ class Job(models.Model):
         now: datetime,
         running: int,
         max_concurrency: int,
+        claim_token: uuid.UUID | None = None,
     ) -> JobEvent:
         """The claim: ``running`` is the automation's count of running jobs, read under
-        the automation's claim lock, so the limit holds whatever the interleaving."""
+        the automation's claim lock, so the limit holds whatever the interleaving. The
+        token is the worker's own when it names its claim (``job.services.job_claim``)."""
         if self.status == JobStatus.RUNNING:
             raise Conflict("Another worker already claimed this job.", code="already_claimed")
         if self.status != JobStatus.PENDING:
@@ -297,7 +299,7 @@ class Job(models.Model):
             )
         self.status = JobStatus.RUNNING
         self.attempt += 1
-        self.claim_token = uuid.uuid4()
+        self.claim_token = claim_token or uuid.uuid4()
         self.started_at = now
         self.last_heartbeat_at = now
         self.lease_expires_at = now + lease

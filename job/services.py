@@ -333,10 +333,22 @@ def job_cancel(*, tenant: Any, job_id: int, actor: Any) -> Job:
 # --- workers ----------------------------------------------------------------------------
 
 
-def job_claim(*, worker: Any, job_id: int, lease: timedelta | None = None) -> Job:
-    """The worker claims a pending job of its automation; refusals are expected (409)."""
+def job_claim(
+    *,
+    worker: Any,
+    job_id: int,
+    lease: timedelta | None = None,
+    claim_token: uuid.UUID | None = None,
+) -> Job:
+    """The worker claims a pending job of its automation; refusals are expected (409).
+
+    A worker may name its claim (``claim_token``): the same claim sent again, its answer
+    lost on the way back, is answered with the job as that claim left it, its lease
+    renewed, instead of ``already_claimed`` for a job nobody would then run."""
     try:
-        job = _claim(worker=worker, job_id=job_id, lease=lease or lease_length())
+        job = _claim(
+            worker=worker, job_id=job_id, lease=lease or lease_length(), claim_token=claim_token
+        )
     except Conflict as refusal:
         # A refused claim is the protocol working, not a failure.
         count_claim_refusal(refusal.code)
@@ -347,10 +359,15 @@ def job_claim(*, worker: Any, job_id: int, lease: timedelta | None = None) -> Jo
 
 
 @transaction.atomic
-def _claim(*, worker: Any, job_id: int, lease: timedelta) -> Job:
+def _claim(*, worker: Any, job_id: int, lease: timedelta, claim_token: uuid.UUID | None) -> Job:
     automation_id = worker.automation_id
     lock_claims_of(automation_id)
     job = _locked(Job.objects.filter(automation_id=automation_id), job_id)
+    if claim_token is not None and job.claim_token == claim_token:
+        # This very claim, sent again: the first one's answer never reached the worker.
+        job.heartbeat(claim_token=claim_token, lease=lease, now=timezone.now())
+        save_transition(job, was=JobStatus.RUNNING)
+        return job
     automation = automation_get(automation_id)
     running = running_count(automation_id=automation_id)
     event = job.start(
@@ -359,6 +376,7 @@ def _claim(*, worker: Any, job_id: int, lease: timedelta) -> Job:
         now=timezone.now(),
         running=running,
         max_concurrency=automation.max_concurrency,
+        claim_token=claim_token,
     )
     save_transition(job, was=JobStatus.PENDING)
     record_transition(job, event, actor=worker)

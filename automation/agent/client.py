@@ -135,8 +135,11 @@ class HubClient:
         """The automation's pending jobs, oldest first: ``{"id", "created_at", "traceparent"}``."""
         return self._call("GET", "/worker/jobs", params={"limit": limit}, answer=list)
 
-    def claim(self, job_id: int) -> dict[str, Any]:
-        job = self._call("POST", f"/jobs/{job_id}/start", refusal=ClaimRefused)
+    def claim(self, job_id: int, *, claim_token: str | None = None) -> dict[str, Any]:
+        """Claim the job; named by ``claim_token``, the same claim may be sent again when
+        its answer is lost (the hub answers it again instead of refusing it)."""
+        body = {"claim_token": claim_token} if claim_token else None
+        job = self._call("POST", f"/jobs/{job_id}/start", refusal=ClaimRefused, json=body)
         if not isinstance(job, dict) or "claim_token" not in job:
             raise HubError(f"POST /jobs/{job_id}/start: an answer without the claim")
         return job

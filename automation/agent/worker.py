@@ -28,6 +28,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -51,6 +52,14 @@ from common.context import log_context
 from lifecycle import Backoff
 
 logger = logging.getLogger("hubdommed.agent")
+
+# A claim whose answer did not come (the hub unreachable, the connection cut) is sent
+# again, the same claim, for this long: the hub may have made it. Well within the
+# claim's lease (JOB_LEASE_SECONDS, 60 s by default), after which the hub's monitor
+# takes the job back anyway.
+CLAIM_RETRY_SECONDS = 20.0
+CLAIM_RETRY_FIRST = 0.2
+CLAIM_RETRY_CAP = 5.0
 
 
 @dataclass
@@ -210,24 +219,44 @@ class AutomationWorker:
             return self._claim(job_id, ids)
 
     def _claim(self, job_id: int, ids: JobIds) -> bool:
-        try:
-            with tracing.maybe_span(
-                "agent.claim",
-                traceparent=ids.traceparent,
-                attributes={"hubdommed.job_id": job_id},
-            ):
-                job = self.client.claim(job_id)
-        except ClaimRefused as exc:
-            self._slots.release()
-            self.stats.refused += 1
-            logger.info("job %s: claim refused (%s)", job_id, exc.code)
-            return False
-        except HubError as exc:
-            self._slots.release()
-            if exc.credential_refused:
-                self._refused(exc)
-            logger.warning("job %s: claim failed, the poll will offer it again: %s", job_id, exc)
-            return False
+        # Named here, so that a claim whose answer is lost can be sent again: the hub may
+        # have made it, and then answers the same claim again, where a new one would find
+        # the job taken and leave it running under a lease nobody holds.
+        token = str(uuid.uuid4())
+        backoff = Backoff(CLAIM_RETRY_FIRST, CLAIM_RETRY_CAP, jitter=True)
+        give_up_at = time.monotonic() + CLAIM_RETRY_SECONDS
+        while True:
+            try:
+                with tracing.maybe_span(
+                    "agent.claim",
+                    traceparent=ids.traceparent,
+                    attributes={"hubdommed.job_id": job_id},
+                ):
+                    job = self.client.claim(job_id, claim_token=token)
+                break
+            except ClaimRefused as exc:
+                self._slots.release()
+                self.stats.refused += 1
+                logger.info("job %s: claim refused (%s)", job_id, exc.code)
+                return False
+            except HubError as exc:
+                if exc.credential_refused:
+                    self._refused(exc)
+                elif exc.retryable and time.monotonic() < give_up_at:
+                    pause = backoff.failed()
+                    logger.warning(
+                        "job %s: could not claim it yet, trying again in %.1f s: %s",
+                        job_id,
+                        pause,
+                        exc,
+                    )
+                    if not self.shutdown.wait(pause):
+                        continue
+                self._slots.release()
+                logger.warning(
+                    "job %s: claim failed, the poll will offer it again: %s", job_id, exc
+                )
+                return False
         self.stats.claimed += 1
         self._last_activity = time.monotonic()
         self._start(job_id, self._run_job, job, ids, name=f"job-{job_id}")

@@ -181,6 +181,17 @@ class CommandOutputField(serializers.CharField):
     """
 
 
+class StartInput(serializers.Serializer):
+    claim_token = serializers.UUIDField(
+        required=False,
+        help_text=(
+            "The worker's own name for this claim (a new UUID per claim). Sent again with "
+            "the same token, a claim whose answer was lost is answered with the same claim "
+            "(its lease renewed) instead of `already_claimed`. Without it the hub picks one."
+        ),
+    )
+
+
 class HeartbeatInput(_ClaimInput):
     progress = AnyJSONField(
         required=False,

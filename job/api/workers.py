@@ -32,6 +32,7 @@ from job.api.serializers import (
     OutputInput,
     PendingJobOutput,
     PollFilters,
+    StartInput,
 )
 from job.selectors import jobs_pending_for
 from job.services import (
@@ -97,6 +98,8 @@ class WorkerJobPollApi(WorkerApi):
 class JobStartApi(WorkerApi):
     @change_schema(
         ClaimedJobOutput,
+        request=StartInput,
+        invalid="`validation_error`: a claim_token that is no UUID.",
         not_found=_NOT_FOUND,
         conflicts="An expected refusal: `already_claimed`, `concurrency_limit` or `not_pending`.",
         operation_id="jobs_start",
@@ -106,11 +109,14 @@ class JobStartApi(WorkerApi):
         description=(
             "Succeeds only when the job is pending and the automation runs fewer jobs than "
             "its limit. The answer carries the claim token to heartbeat and report with and "
-            "the lease's expiry: heartbeat well before it (every third of the lease)."
+            "the lease's expiry: heartbeat well before it (every third of the lease). A "
+            "worker that names its claim (`claim_token`) may send it again when the answer "
+            "is lost: the same claim is answered again."
         ),
     )
     def post(self, request, job_id: int):
-        job = job_claim(worker=request.user, job_id=job_id)
+        data = validated(StartInput, request.data)
+        job = job_claim(worker=request.user, job_id=job_id, claim_token=data.get("claim_token"))
         return _answer(ClaimedJobOutput, job)
 
     def handle_exception(self, exc):

@@ -59,7 +59,8 @@ def test_every_error_answer_is_documented_in_the_error_format(schema):
         # Any person may: no 403; nothing to look up: no 404; no input: no 400.
         ("GET", "/api/v1/me", {"401"}),
         ("GET", "/api/v1/worker/me", {"401"}),
-        ("POST", "/api/v1/jobs/{job_id}/start", {"401", "404", "409"}),
+        # An optional body (the worker's name for its claim).
+        ("POST", "/api/v1/jobs/{job_id}/start", {"400", "401", "404", "409", "413", "415"}),
         ("POST", "/api/v1/jobs/{job_id}/heartbeat", {"400", "401", "404", "409", "413", "415"}),
         ("GET", "/api/v1/worker/jobs", {"400", "401"}),
         # One path, two callers: the worker sends its command's output, people read it.

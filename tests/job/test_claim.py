@@ -77,6 +77,55 @@ def test_a_claimed_job_is_refused_as_already_claimed(worker, worker_api):
     assert events_of(job.id) == []
 
 
+def test_a_claim_sent_again_with_its_token_gets_the_same_claim(worker_api, worker, settings):
+    # The worker names its claim: when the answer is lost on the way back, the same
+    # request again is answered with the claim the first one made, not refused.
+    settings.JOB_LEASE_SECONDS = 90
+    job = JobFactory(automation=worker.automation)
+    token = str(uuid.uuid4())
+
+    first = worker_api.post(f"/api/v1/jobs/{job.id}/start", {"claim_token": token}, format="json")
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now())
+    again = worker_api.post(f"/api/v1/jobs/{job.id}/start", {"claim_token": token}, format="json")
+
+    assert (first.status_code, again.status_code) == (200, 200), again.json()
+    assert first.json()["claim_token"] == again.json()["claim_token"] == token
+    assert again.json()["attempt"] == 1
+    job.refresh_from_db()
+    assert str(job.claim_token) == token and job.attempt == 1
+    # Its lease starts again from the answer the worker got.
+    assert (job.lease_expires_at - timezone.now()).total_seconds() > 80
+    assert events_of(job.id) == ["JobStarted"]
+
+
+def test_a_claim_with_another_token_is_refused_as_already_claimed(worker_api, worker):
+    job = JobFactory(automation=worker.automation)
+    worker_api.post(
+        f"/api/v1/jobs/{job.id}/start", {"claim_token": str(uuid.uuid4())}, format="json"
+    )
+
+    response = worker_api.post(
+        f"/api/v1/jobs/{job.id}/start", {"claim_token": str(uuid.uuid4())}, format="json"
+    )
+
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "already_claimed"
+    assert events_of(job.id) == ["JobStarted"]
+
+
+def test_a_claim_token_that_is_no_uuid_is_a_400(worker_api, worker):
+    job = JobFactory(automation=worker.automation)
+
+    response = worker_api.post(
+        f"/api/v1/jobs/{job.id}/start", {"claim_token": "not-a-uuid"}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert "claim_token" in response.json()["error"]["details"]
+    job.refresh_from_db()
+    assert job.status == Job.Status.PENDING
+
+
 @pytest.mark.parametrize("status", ["succeeded", "failed", "canceled"])
 def test_a_finished_job_is_refused_as_not_pending(worker, worker_api, status):
     job = JobFactory(automation=worker.automation, status=status)

@@ -20,12 +20,12 @@ class RecordingHub:
         self.calls.append("poll")
         return [{"id": job_id, "traceparent": ""} for job_id in self.pending]
 
-    def claim(self, job_id: int) -> dict:
+    def claim(self, job_id: int, *, claim_token: str | None = None) -> dict:
         self.calls.append(f"claim {job_id}")
         if job_id not in self.pending:
             raise ClaimRefused("taken", status=409, code="not_pending")
         self.pending.remove(job_id)
-        return {"id": job_id, "claim_token": "t", "params": {}}
+        return {"id": job_id, "claim_token": claim_token or "t", "params": {}}
 
     def heartbeat(self, job_id, token, progress=None) -> dict:
         return {"cancel_requested": False}
