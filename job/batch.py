@@ -29,12 +29,29 @@ from outbox.services import Occurrence, publish_many
 @dataclass(frozen=True)
 class JobRequest:
     """One job to create: ``automation`` is the automation's row as the caller read it
-    (its ``is_active`` and ``params_schema`` are what the job is checked against)."""
+    (its ``is_active`` and ``params_schema`` are what the job is checked against).
+
+    ``params_checked``: the caller checked the parameters against that schema already
+    (``params_refusal``), before it locked what the jobs are for, and ``params_refusal``
+    is what the check found; they are not checked again here."""
 
     tenant_id: int
     automation: Any
     params: dict[str, Any]
     triggered_by: dict[str, Any] | None = None
+    params_checked: bool = False
+    params_refusal: DomainError | None = None
+
+
+def params_refusal(params: dict[str, Any], automation: Any) -> DomainError | None:
+    """The refusal ``params`` meet against ``automation``'s parameter schema, or None.
+    It runs a tenant's schema (up to ``JOB_PARAMS_VALIDATION_SECONDS``): callers make it
+    before they lock anything."""
+    try:
+        job_params_check(params, schema=automation.params_schema, automation_id=automation.pk)
+    except DomainError as refusal:
+        return refusal
+    return None
 
 
 def jobs_create_many(requests: Sequence[JobRequest]) -> list[Job | DomainError]:
@@ -120,10 +137,6 @@ def _refusal(request: JobRequest) -> DomainError | None:
     automation = request.automation
     if not automation.is_active:
         return Conflict("The automation is inactive.", code="automation_inactive")
-    try:
-        job_params_check(
-            request.params, schema=automation.params_schema, automation_id=automation.pk
-        )
-    except DomainError as refusal:
-        return refusal
-    return None
+    if request.params_checked:
+        return request.params_refusal
+    return params_refusal(request.params, automation)

@@ -3,11 +3,14 @@
 One batch is two steps. ``schedules_plan_due`` reads the due schedules that no other
 firing holds (``SKIP LOCKED``, in a transaction of that one read) and computes, for each,
 the due times to start and the next one, the batch's schedules sharing each search (the
-calendar's search is bounded, but it is never done under a lock).
+calendar's search is bounded, but it is never done under a lock), and checks the
+parameters of those that start runs against their automation's schema (a tenant's schema,
+up to ``JOB_PARAMS_VALIDATION_SECONDS`` of work: never under a lock either).
 ``schedules_fire_planned`` then takes the rows with ``FOR UPDATE SKIP LOCKED`` in one short
 transaction, keeps only those that still hold what the plan was computed from (same cron,
-zone, misfire and next run: a person's edit or another firing in between makes the plan
-stale, and the row is left to the next cycle), and starts the jobs. ``manage.py
+zone, misfire and next run, the same parameters and schema: a person's edit or another
+firing in between makes the plan stale, and the row is left to the next cycle), and
+starts the jobs. ``manage.py
 run_scheduler`` runs ``schedules_fire_due``, both steps, batch after batch; a firing whose
 batch another took meanwhile says more may be due, and its next plan goes past those rows.
 
@@ -41,9 +44,11 @@ clock that went back, a schedule moved back by hand).
 
 from __future__ import annotations
 
+import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
@@ -54,8 +59,7 @@ from django.utils import timezone
 from common.columns import insert_sql
 from common.errors import DomainError
 from common.models import violated_constraint
-from job.batch import JobRequest, jobs_create_many
-from job.services import job_create
+from job.batch import JobRequest, jobs_create_many, params_refusal
 from schedule import calendar
 from schedule.models import Misfire, Schedule, ScheduleRun
 
@@ -97,6 +101,12 @@ class Plan:
     next_run_at: datetime | None = None
     # Why the calendar gave no answer (a bound reached, an unreadable row): it is paused.
     problem: str | None = None
+    # What its runs' parameters were checked with, without a lock (``_params_checked``):
+    # the schedule's params and its automation's schema as JSON. Applied only to a row
+    # that still has them (None: no run starts, nothing was checked).
+    params_key: tuple[str, str] | None = None
+    # What that check found (None: the parameters are valid).
+    params_refusal: DomainError | None = None
 
 
 # Schedules a batch plans and fires at most: its set's statements stay well within the
@@ -148,7 +158,44 @@ def schedules_plan_due(*, now: datetime, batch_size: int = BATCH_SIZE) -> list[P
             .only("id", "cron", "timezone", "misfire", "next_run_at")[:batch_size]
         )
     searches = calendar.BatchCalendar()
-    return [plan_of(schedule, now=now, searches=searches) for schedule in due]
+    return _params_checked([plan_of(schedule, now=now, searches=searches) for schedule in due])
+
+
+def _params_checked(plans: list[Plan]) -> list[Plan]:
+    """The plans that start runs, with their parameters checked against their automation's
+    schema: read and checked here, with no lock held (the same parameters with the same
+    schema, checked once)."""
+    starting = [plan.schedule_id for plan in plans if plan.starts]
+    if not starting:
+        return plans
+    rows = Schedule.objects.filter(pk__in=starting).select_related("automation")
+    rows = rows.only("id", "params", "automation__id", "automation__params_schema")
+    verdicts: dict[tuple[int, str, str], DomainError | None] = {}
+    checked: dict[int, tuple[tuple[str, str], DomainError | None]] = {}
+    for schedule in rows:
+        key = _params_key(schedule.params, schedule.automation)
+        verdict = (schedule.automation_id, *key)
+        if verdict not in verdicts:
+            verdicts[verdict] = params_refusal(schedule.params, schedule.automation)
+        checked[schedule.pk] = (key, verdicts[verdict])
+    return [
+        replace(
+            plan,
+            params_key=checked[plan.schedule_id][0],
+            params_refusal=checked[plan.schedule_id][1],
+        )
+        if plan.schedule_id in checked
+        else plan
+        for plan in plans
+    ]
+
+
+def _params_key(params: Any, automation: Any) -> tuple[str, str]:
+    return (_canonical(params), _canonical(automation.params_schema))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def plan_of(
@@ -201,11 +248,13 @@ def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
         rows = _locked(list(by_id))
         taken = {schedule.pk for schedule in rows}
         firing.held = [schedule_id for schedule_id in by_id if schedule_id not in taken]
+        schemas: dict[int, str] = {}
         locked = [
             (schedule, by_id[schedule.pk])
             for schedule in rows
             # Changed since it was planned: the next cycle plans it again.
             if schedule.calendar_key() == by_id[schedule.pk].key
+            and _same_params(schedule, by_id[schedule.pk], schemas)
         ]
         if not locked:
             return firing
@@ -226,6 +275,30 @@ def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
             fresh = {schedule.pk: schedule for schedule in _locked([s.pk for s, _ in locked])}
             _fire_each([(fresh[s.pk], plan) for s, plan in locked], now=now, firing=firing)
     return firing
+
+
+def _same_params(schedule: Schedule, plan: Plan, schemas: dict[int, str]) -> bool:
+    """Whether the row still has the parameters and schema its plan checked (each
+    automation's schema written out once for the batch)."""
+    if plan.params_key is None:
+        return True  # no run starts: nothing was checked
+    automation = schedule.automation
+    if automation.pk not in schemas:
+        schemas[automation.pk] = _canonical(automation.params_schema)
+    return plan.params_key == (_canonical(schedule.params), schemas[automation.pk])
+
+
+def _requested(schedule: Schedule, plan: Plan, due_at: datetime) -> JobRequest:
+    """The job a due time starts, its parameters checked by the plan (not here, under
+    the schedule's lock)."""
+    return JobRequest(
+        tenant_id=schedule.tenant_id,
+        automation=schedule.automation,
+        params=schedule.params,
+        triggered_by=schedule.triggered_by(due_at),
+        params_checked=plan.params_key is not None,
+        params_refusal=plan.params_refusal,
+    )
 
 
 def _locked(ids: list[int]) -> list[Schedule]:
@@ -261,6 +334,7 @@ def _fire_set(locked: list[tuple[Schedule, Plan]], *, now: datetime, firing: Fir
     """Fire every locked schedule of the batch together; raises when one row is refused,
     leaving the caller's savepoint to undo it all."""
     wanted: list[tuple[Schedule, datetime]] = []
+    plans = {schedule.pk: plan for schedule, plan in locked}
     for schedule, plan in locked:
         if _stops(schedule, plan, now=now):
             continue
@@ -273,15 +347,7 @@ def _fire_set(locked: list[tuple[Schedule, Plan]], *, now: datetime, firing: Fir
         (schedule, due_at) for schedule, due_at in wanted if (schedule.pk, due_at) not in taken
     ]
     outcomes = jobs_create_many(
-        [
-            JobRequest(
-                tenant_id=schedule.tenant_id,
-                automation=schedule.automation,
-                params=schedule.params,
-                triggered_by=schedule.triggered_by(due_at),
-            )
-            for schedule, due_at in wanted
-        ]
+        [_requested(schedule, plans[schedule.pk], due_at) for schedule, due_at in wanted]
     )
     runs: list[tuple[int, datetime, int]] = []
     for (schedule, due_at), outcome in zip(wanted, outcomes, strict=True):
@@ -417,7 +483,7 @@ def _move_on(schedule: Schedule, plan: Plan, *, now: datetime) -> None:
 def _apply(schedule: Schedule, plan: Plan, *, now: datetime, firing: Firing) -> None:
     if not _stops(schedule, plan, now=now):
         for due_at in plan.starts:
-            if not _start(schedule, due_at=due_at, now=now, firing=firing):
+            if not _start(schedule, plan, due_at=due_at, now=now, firing=firing):
                 break
         schedule.reschedule(next_run_at=plan.next_run_at)
     if not schedule.is_active or schedule.is_paused:
@@ -426,19 +492,17 @@ def _apply(schedule: Schedule, plan: Plan, *, now: datetime, firing: Firing) -> 
     schedule.save()
 
 
-def _start(schedule: Schedule, *, due_at: datetime, now: datetime, firing: Firing) -> bool:
+def _start(
+    schedule: Schedule, plan: Plan, *, due_at: datetime, now: datetime, firing: Firing
+) -> bool:
     """Start the run due at ``due_at``; False when the schedule was paused instead."""
     try:
         # A savepoint: a refused job or a due time already taken leaves nothing behind,
         # and the schedule still moves on.
         with transaction.atomic():
-            job, _ = job_create(
-                tenant=schedule.tenant,
-                automation_id=schedule.automation_id,
-                params=schedule.params,
-                requested_by=None,
-                triggered_by=schedule.triggered_by(due_at),
-            )
+            (job,) = jobs_create_many([_requested(schedule, plan, due_at)])
+            if isinstance(job, DomainError):
+                raise job
             ScheduleRun.objects.create(schedule=schedule, due_at=due_at, job_id=job.pk)
     except IntegrityError as exc:
         if violated_constraint(exc) != RUN_CONSTRAINT:

@@ -154,12 +154,20 @@ def schedule_resume(*, tenant: Any, schedule_id: int) -> Schedule:
     current.ensure_active(message="The schedule is deactivated: it cannot be resumed.")
     now = timezone.now()
     next_run = first_due_after(current.cron, current.timezone, now) if current.is_paused else None
+    if current.is_paused:
+        # Before the lock: the check runs the automation's schema on the params.
+        job_automation_check(automation_id=current.automation_id, params=current.params)
     with transaction.atomic():
         schedule = _locked(tenant, schedule_id)
         schedule.ensure_active(message="The schedule is deactivated: it cannot be resumed.")
         if not schedule.is_paused:
             return schedule
-        job_automation_check(automation_id=schedule.automation_id, params=schedule.params)
+        if not current.is_paused or (schedule.automation_id, schedule.params) != (
+            current.automation_id,
+            current.params,
+        ):
+            # Changed between the read and the lock (rare): checked as it is now.
+            job_automation_check(automation_id=schedule.automation_id, params=schedule.params)
         if next_run is None or (schedule.cron, schedule.timezone) != (
             current.cron,
             current.timezone,
