@@ -62,6 +62,13 @@ def automation_job_terms(automation_id: int) -> JobTerms | None:
     )
 
 
+def automation_params_schemas(automation_ids) -> dict[int, dict[str, Any] | None]:
+    """The parameter schema of each of these automations, by id (one read)."""
+    return dict(
+        Automation.objects.filter(pk__in=list(automation_ids)).values_list("id", "params_schema")
+    )
+
+
 _ID = models.BigIntegerField()
 
 

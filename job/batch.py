@@ -43,12 +43,14 @@ class JobRequest:
     params_refusal: DomainError | None = None
 
 
-def params_refusal(params: dict[str, Any], automation: Any) -> DomainError | None:
-    """The refusal ``params`` meet against ``automation``'s parameter schema, or None.
+def params_refusal(
+    params: dict[str, Any], *, schema: dict[str, Any] | None, automation_id: int
+) -> DomainError | None:
+    """The refusal ``params`` meet against an automation's parameter ``schema``, or None.
     It runs a tenant's schema (up to ``JOB_PARAMS_VALIDATION_SECONDS``): callers make it
     before they lock anything."""
     try:
-        job_params_check(params, schema=automation.params_schema, automation_id=automation.pk)
+        job_params_check(params, schema=schema, automation_id=automation_id)
     except DomainError as refusal:
         return refusal
     return None
@@ -139,4 +141,6 @@ def _refusal(request: JobRequest) -> DomainError | None:
         return Conflict("The automation is inactive.", code="automation_inactive")
     if request.params_checked:
         return request.params_refusal
-    return params_refusal(request.params, automation)
+    return params_refusal(
+        request.params, schema=automation.params_schema, automation_id=automation.pk
+    )

@@ -56,6 +56,7 @@ from django.db.models import Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from automation.selectors import automation_params_schemas
 from common.columns import insert_sql
 from common.errors import DomainError
 from common.models import violated_constraint
@@ -155,29 +156,34 @@ def schedules_plan_due(*, now: datetime, batch_size: int = BATCH_SIZE) -> list[P
             Schedule.objects.select_for_update(skip_locked=True, no_key=True)
             .filter(next_run_at__lte=now)
             .order_by("next_run_at", "id")
-            .only("id", "cron", "timezone", "misfire", "next_run_at")[:batch_size]
+            .only("id", "cron", "timezone", "misfire", "next_run_at", "params", "automation")[
+                :batch_size
+            ]
         )
     searches = calendar.BatchCalendar()
-    return _params_checked([plan_of(schedule, now=now, searches=searches) for schedule in due])
+    plans = [plan_of(schedule, now=now, searches=searches) for schedule in due]
+    return _params_checked(due, plans)
 
 
-def _params_checked(plans: list[Plan]) -> list[Plan]:
+def _params_checked(due: list[Schedule], plans: list[Plan]) -> list[Plan]:
     """The plans that start runs, with their parameters checked against their automation's
     schema: read and checked here, with no lock held (the same parameters with the same
     schema, checked once)."""
-    starting = [plan.schedule_id for plan in plans if plan.starts]
+    starting = [schedule for schedule, plan in zip(due, plans, strict=True) if plan.starts]
     if not starting:
         return plans
-    rows = Schedule.objects.filter(pk__in=starting).select_related("automation")
-    rows = rows.only("id", "params", "automation__id", "automation__params_schema")
-    verdicts: dict[tuple[int, str, str], DomainError | None] = {}
+    schemas = automation_params_schemas({schedule.automation_id for schedule in starting})
+    written = {automation_id: _canonical(schema) for automation_id, schema in schemas.items()}
+    verdicts: dict[tuple[int, str], DomainError | None] = {}
     checked: dict[int, tuple[tuple[str, str], DomainError | None]] = {}
-    for schedule in rows:
-        key = _params_key(schedule.params, schedule.automation)
-        verdict = (schedule.automation_id, *key)
-        if verdict not in verdicts:
-            verdicts[verdict] = params_refusal(schedule.params, schedule.automation)
-        checked[schedule.pk] = (key, verdicts[verdict])
+    for schedule in starting:
+        automation_id, params = schedule.automation_id, _canonical(schedule.params)
+        if (automation_id, params) not in verdicts:
+            verdicts[(automation_id, params)] = params_refusal(
+                schedule.params, schema=schemas.get(automation_id), automation_id=automation_id
+            )
+        key = (params, written.get(automation_id, "null"))
+        checked[schedule.pk] = (key, verdicts[(automation_id, params)])
     return [
         replace(
             plan,
@@ -188,10 +194,6 @@ def _params_checked(plans: list[Plan]) -> list[Plan]:
         else plan
         for plan in plans
     ]
-
-
-def _params_key(params: Any, automation: Any) -> tuple[str, str]:
-    return (_canonical(params), _canonical(automation.params_schema))
 
 
 def _canonical(value: Any) -> str:
