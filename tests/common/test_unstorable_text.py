@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 
 import pytest
 from drf_spectacular.generators import SchemaGenerator
@@ -184,6 +185,8 @@ def _valid_bodies(ids: dict) -> dict[tuple[str, str], tuple[str, dict]]:
                 "reason": None,
             },
         ),
+        # Another worker's claim (the job is running): refused as already claimed.
+        ("post", "/api/v1/jobs/{job_id}/start"): ("worker", {"claim_token": str(uuid.uuid4())}),
         ("post", "/api/v1/jobs/{job_id}/heartbeat"): (
             "worker",
             {"claim_token": token, "progress": {"step": 1}},

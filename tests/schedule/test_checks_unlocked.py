@@ -68,9 +68,7 @@ def test_the_firing_checks_parameters_before_it_locks_a_schedule(lock_probe):
     assert all(len(jobs_of(schedule)) == 1 for schedule in schedules)
 
 
-def test_fired_one_by_one_the_schedules_are_not_checked_under_their_lock(
-    lock_probe, monkeypatch
-):
+def test_fired_one_by_one_the_schedules_are_not_checked_under_their_lock(lock_probe, monkeypatch):
     schedules = due_schedules()
     lock_probe.clear()
 
