@@ -20,7 +20,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince
 
 from common.errors import DomainError
-from common.jsondata import PROBLEM, unstorable_path
+from common.jsondata import PROBLEM, TOO_DEEP, unstorable_path, within_depth
 
 
 def adopt(target: Model, saved: Model) -> None:
@@ -130,22 +130,32 @@ def deactivate_action(description: str, deactivate: Callable[[Model, Any], Any])
 
 
 class StorableJSONField(forms.JSONField):
-    """A form's JSON field that refuses text jsonb or UTF-8 cannot hold.
+    """A form's JSON field that refuses text jsonb or UTF-8 cannot hold, and documents
+    nested deeper than the API takes.
 
     JSON typed into a form is parsed here, not by the API's parser, and can spell U+0000
-    or a lone surrogate (``"\\ud800"``): the same check, as a form error. The field then
-    shows the text as typed: re-encoding the parsed value would fail on the surrogate.
+    or a lone surrogate (``"\\ud800"``), or nest deeper than Python's parser can read
+    (``RecursionError``, a 500): the same checks, as form errors. The field then shows the
+    text as typed: re-encoding the parsed value would fail on the surrogate.
     """
 
     def to_python(self, value):
-        value = super().to_python(value)
+        try:
+            value = super().to_python(value)
+        except RecursionError:
+            raise ValidationError(TOO_DEEP, code="too_deep") from None
+        if not within_depth(value):
+            raise ValidationError(TOO_DEEP, code="too_deep")
         if unstorable_path(value) is not None:
             raise ValidationError(PROBLEM, code="unstorable_text")
         return value
 
     def bound_data(self, data, initial):
-        value = super().bound_data(data, initial)
-        if unstorable_path(value) is not None:
+        try:
+            value = super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
+        if not within_depth(value) or unstorable_path(value) is not None:
             return InvalidJSONInput(data)
         return value
 

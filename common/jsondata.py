@@ -1,4 +1,5 @@
-"""Text that PostgreSQL or UTF-8 cannot hold, found anywhere in a request's data.
+"""Text that PostgreSQL or UTF-8 cannot hold, and documents nested too deep, found anywhere
+in a request's data.
 
 PostgreSQL refuses U+0000 in ``text`` and ``jsonb``, and a lone surrogate (U+D800 to
 U+DFFF, which JSON can spell as ``"\\ud800"``) cannot even be encoded as UTF-8: either
@@ -19,6 +20,31 @@ REPLACEMENT = "\ufffd"
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 PROBLEM = "Text must not contain U+0000 or a lone surrogate (U+D800 to U+DFFF)."
+
+# Levels of nesting a JSON document of a request may have. ``json`` raises
+# ``RecursionError`` (not a ``ValueError``) for a document nested deeper than Python's stack
+# allows, and one a little less deep parses, then fails the same way wherever it is encoded
+# again. No input of the hub needs more than a few levels: a generous cap refuses both.
+MAX_DEPTH = 100
+TOO_DEEP = f"JSON nested more than {MAX_DEPTH} levels deep."
+
+
+def within_depth(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` nests at most ``limit`` levels of objects and arrays."""
+    # Iterative: the point is not to recurse on what the client nested.
+    stack = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if isinstance(current, dict):
+            children = current.values()
+        elif isinstance(current, list):
+            children = current
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children)
+    return True
 
 
 def unstorable_path(value: Any) -> list[str | int] | None:

@@ -10,21 +10,22 @@ from typing import Any
 
 from rest_framework import exceptions, parsers
 
-from common.jsondata import PROBLEM, describe_path, storable_text, unstorable_path
+from common.jsondata import (
+    MAX_DEPTH,
+    PROBLEM,
+    describe_path,
+    storable_text,
+    unstorable_path,
+    within_depth,
+)
 
 
 class JSONParser(parsers.JSONParser):
-    """DRF's JSON parser, refusing documents nested deeper than ``MAX_DEPTH`` levels, and
-    text that PostgreSQL or UTF-8 cannot hold (``refuse_unstorable_text``).
-
-    ``json`` raises ``RecursionError`` (not a ``ValueError``) for a document nested
-    deeper than Python's stack allows, which DRF lets through as a 500; a few kilobytes
-    of ``[`` are enough. One nested a little less deep parses, then fails the same way
-    wherever it is encoded again (the size check, the database, the outbox). No request
-    of this API needs more than a few levels, so a generous cap refuses both at the door.
+    """DRF's JSON parser, refusing documents nested deeper than ``MAX_DEPTH`` levels
+    (``common.jsondata``: DRF would let ``json``'s ``RecursionError`` through as a 500; a
+    few kilobytes of ``[`` are enough), and text that PostgreSQL or UTF-8 cannot hold
+    (``refuse_unstorable_text``).
     """
-
-    MAX_DEPTH = 100
 
     def parse(self, stream, media_type=None, parser_context=None):
         try:
@@ -32,11 +33,9 @@ class JSONParser(parsers.JSONParser):
         except RecursionError:
             data = None
         else:
-            if _depth_within(data, self.MAX_DEPTH):
+            if within_depth(data, MAX_DEPTH):
                 return refuse_unstorable_text(data, view=(parser_context or {}).get("view"))
-        raise exceptions.ParseError(
-            f"JSON parse error - nested more than {self.MAX_DEPTH} levels deep."
-        )
+        raise exceptions.ParseError(f"JSON parse error - nested more than {MAX_DEPTH} levels deep.")
 
 
 def refuse_unstorable_text(data: Any, *, view: Any = None) -> Any:
@@ -60,20 +59,3 @@ def refuse_unstorable_text(data: Any, *, view: Any = None) -> Any:
     raise exceptions.ValidationError(
         {describe_path([field]): [f"{PROBLEM} (at '{where}')." if where else f"{PROBLEM}"]}
     )
-
-
-def _depth_within(value: Any, limit: int) -> bool:
-    # Iterative: the point is not to recurse on what the client nested.
-    stack = [(value, 1)]
-    while stack:
-        current, depth = stack.pop()
-        if isinstance(current, dict):
-            children = current.values()
-        elif isinstance(current, list):
-            children = current
-        else:
-            continue
-        if depth > limit:
-            return False
-        stack.extend((child, depth + 1) for child in children)
-    return True

@@ -139,6 +139,19 @@ def test_the_admin_refuses_a_recursive_schema(admin_site, sector):
     assert not Automation.objects.exists()
 
 
+@pytest.mark.parametrize(
+    "text",
+    ['{"not": ' * 150 + "{}" + "}" * 150, "[" * 100_000 + "]" * 100_000],
+    ids=["deeper-than-the-api-takes", "too-deep-to-parse"],
+)
+def test_the_admin_refuses_json_nested_too_deep_as_a_form_error(admin_site, sector, text):
+    response = admin_site.post(f"{CHANGELIST}add/", form_data(sector, params_schema=text))
+
+    assert response.status_code == 200
+    assert "params_schema" in response.context["adminform"].form.errors
+    assert not Automation.objects.exists()
+
+
 def test_schemas_that_are_not_recursive_are_accepted():
     fine = [
         {"$defs": {"m": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/m"}}},

@@ -55,7 +55,11 @@ def test_adding_a_schedule_goes_through_the_service(admin_site, platform_admin, 
         ({"cron": "0 3 * *"}, "cron"),
         ({"timezone": "Europe/Atlantis"}, "timezone"),
         ({"params": '{"name": 1}'}, "params"),
+        # Nested past the API's bound (100 levels), and past what Python's parser can read.
+        ({"params": '{"a": ' + "[" * 150 + "]" * 150 + "}"}, "params"),
+        ({"params": '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"}, "params"),
     ],
+    ids=["cron", "timezone", "params", "params-deep", "params-too-deep-to-parse"],
 )
 def test_bad_input_is_a_form_error_on_its_field(admin_site, tenant, automation, fields, field):
     response = admin_site.post(f"{CHANGELIST}add/", form_data(tenant, automation, **fields))
