@@ -105,12 +105,18 @@ class AutomationRuntime:
     agent: AutomationWorker
     loop: ConsumeLoop
 
-    def run(self, *, release_machine: Callable[[], None] | None = None) -> str:
-        """Consume the automation's queue and run its jobs until idle or stopped."""
+    def run(
+        self,
+        *,
+        release_machine: Callable[[], None] | None = None,
+        reclaim_machine: Callable[[], bool] | None = None,
+    ) -> str:
+        """Consume the automation's queue and run its jobs until idle or stopped (the
+        machine let go of and taken back as ``AutomationWorker.run`` tells)."""
 
         def run_jobs() -> None:
             try:
-                self.agent.run(release_machine=release_machine)
+                self.agent.run(release_machine=release_machine, reclaim_machine=reclaim_machine)
             finally:
                 self.loop.stop()  # idle, or shutting down: the queue consumer stops too
 

@@ -125,13 +125,21 @@ class AutomationWorker:
         self._candidates.put(job_id)
 
     # -- the loop --------------------------------------------------------------------------
-    def run(self, *, release_machine: Callable[[], None] | None = None) -> AgentStats:
+    def run(
+        self,
+        *,
+        release_machine: Callable[[], None] | None = None,
+        reclaim_machine: Callable[[], bool] | None = None,
+    ) -> AgentStats:
         """Work until shut down, or until idle for ``idle_timeout``.
 
         Going idle, the worker first lets go of its machine (``release_machine``: a new
-        power-on may start another worker from then on), then polls one last time and
-        runs what it finds. A job created in between is thus either found by this poll or
-        powers on a new worker; it never waits for the stuck-job monitor.
+        power-on may start another worker from then on), then polls one last time. A job
+        created in between is thus found by this poll or powers on a new worker, or both:
+        what the poll finds is run here only once the worker has its machine back
+        (``reclaim_machine``); when a new worker took it first, the job is that worker's
+        (and this one's credential is about to be replaced). It never waits for the
+        stuck-job monitor.
         """
         next_poll = 0.0
         released = False
@@ -149,9 +157,27 @@ class AutomationWorker:
                 release_machine()
             released = True
             if self.poll_once():
+                if reclaim_machine is not None:
+                    if not reclaim_machine():
+                        logger.info("another worker took this machine: its jobs are that worker's")
+                        self._forget_candidates()
+                        break
+                    # The machine is this worker's again, to let go of when idle again.
+                    released = False
                 self._last_activity = time.monotonic()
         self._drain()
         return self.stats
+
+    def _forget_candidates(self) -> None:
+        """The jobs offered and not claimed: left to whoever claims them."""
+        with self._queued_lock:
+            self._queued.clear()
+            self._ids.clear()
+        while True:
+            try:
+                self._candidates.get_nowait()
+            except queue.Empty:
+                return
 
     def report_spooled(self) -> int:
         """Report, first of all, the outcomes an earlier worker left on this machine's disk

@@ -75,3 +75,43 @@ def test_an_idle_worker_with_nothing_left_stops():
 
     assert released == [True]
     assert stats.claimed == 0
+
+
+def test_a_job_found_after_the_machine_was_let_go_is_run_once_it_is_taken_back():
+    hub = RecordingHub()
+
+    def release_machine():
+        hub.calls.append("release")
+        if hub.calls.count("release") == 1:
+            hub.pending.append(7)
+
+    def reclaim_machine():
+        hub.calls.append("reclaim")
+        return True
+
+    worker = AutomationWorker(hub, automation(), poll_interval=60, idle_timeout=0.2)
+    stats = worker.run(release_machine=release_machine, reclaim_machine=reclaim_machine)
+
+    assert hub.calls.index("release") < hub.calls.index("reclaim") < hub.calls.index("claim 7")
+    assert hub.reports == {7: "complete"}
+    assert stats.claimed == 1
+    # Its own again, the machine is let go of again once the worker is idle.
+    assert hub.calls.count("release") == 2
+
+
+def test_a_job_found_after_another_worker_took_the_machine_is_left_to_that_worker():
+    # The job's power-on came first: a new worker holds the machine (and a new credential
+    # that soon refuses this one's): claiming the job here would run it under a worker
+    # about to be turned away. It is the new worker's.
+    hub = RecordingHub()
+
+    def release_machine():
+        hub.calls.append("release")
+        hub.pending.append(7)
+
+    worker = AutomationWorker(hub, automation(), poll_interval=60, idle_timeout=0.2)
+    stats = worker.run(release_machine=release_machine, reclaim_machine=lambda: False)
+
+    assert "claim 7" not in hub.calls
+    assert hub.pending == [7] and hub.reports == {}
+    assert stats.claimed == 0

@@ -15,6 +15,7 @@ Thin on purpose: this wires things together; the behaviour lives in those module
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 from pathlib import Path
@@ -24,7 +25,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from automation.agent.client import AutomationInfo, HubClient, HubError
-from automation.machines.local import LOCK_FD_ENV
+from automation.machines.local import LOCK_FD_ENV, machines_dir
 from broker.consume_loop import ConsumeLoop
 from broker.topology import QUEUES
 from common.logs import flush_now
@@ -166,7 +167,8 @@ class Command(BaseCommand):
             ready_file=settings.WORKER_READY_FILE or None,
         )
         self._follow_stop(runtime.loop)
-        return runtime.run(release_machine=release_machine_lock)
+        lock = MachineLock(slug)
+        return runtime.run(release_machine=lock.release, reclaim_machine=lock.reclaim)
 
     def _wait_for_hub(self, client: HubClient) -> AutomationInfo | None:
         """Who this worker is, asked of the hub; a hub that does not answer yet (starting,
@@ -197,13 +199,41 @@ class Command(BaseCommand):
             loop.stop()
 
 
-def release_machine_lock() -> None:
-    """Let go of the lock the local provider handed us: this machine counts as off now."""
-    fd = os.environ.pop(LOCK_FD_ENV, None)
-    if fd is None:
-        return
-    with contextlib.suppress(OSError, ValueError):
-        os.close(int(fd))
+class MachineLock:
+    """The lock the local provider handed this worker (``LOCK_FD_ENV``): held, the machine
+    is on and no power-on starts another worker; let go when idle, the machine counts as
+    off. A worker started without one (an EC2 machine, by hand) has nothing to contend for.
+    """
+
+    def __init__(self, slug: str) -> None:
+        handed = os.environ.pop(LOCK_FD_ENV, None)
+        self._fd: int | None = None
+        self._path: Path | None = None
+        if handed is not None:
+            with contextlib.suppress(ValueError):
+                self._fd = int(handed)
+            self._path = machines_dir() / f"{slug}.lock"
+
+    def release(self) -> None:
+        """Let go of the lock: this machine counts as off now."""
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def reclaim(self) -> bool:
+        """Take the lock back, unless a power-on took it for a new worker meanwhile (False:
+        the machine is that worker's)."""
+        if self._path is None or self._fd is not None:
+            return True
+        fd = os.open(self._path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
 
 
 def outcomes_dir(slug: str) -> Path:
