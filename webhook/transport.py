@@ -605,7 +605,9 @@ class _Cutoffs:
 cutoffs = _Cutoffs()
 
 
-class _WatchedHTTPConnection(urllib3.connection.HTTPConnection):
+class _Watched:
+    """A pool's connection, handed to its thread's cut-off as it connects and as it sends."""
+
     def connect(self) -> None:
         cutoffs.watch(self)
         super().connect()
@@ -615,14 +617,12 @@ class _WatchedHTTPConnection(urllib3.connection.HTTPConnection):
         super().request(*args, **kwargs)
 
 
-class _WatchedHTTPSConnection(urllib3.connection.HTTPSConnection):
-    def connect(self) -> None:
-        cutoffs.watch(self)
-        super().connect()
+class _WatchedHTTPConnection(_Watched, urllib3.connection.HTTPConnection):
+    pass
 
-    def request(self, *args, **kwargs) -> None:
-        cutoffs.watch(self)
-        super().request(*args, **kwargs)
+
+class _WatchedHTTPSConnection(_Watched, urllib3.connection.HTTPSConnection):
+    pass
 
 
 class _HTTPPool(urllib3.HTTPConnectionPool):
