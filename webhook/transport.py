@@ -501,10 +501,9 @@ class _Cutoff:
     over as it connects and as it sends; at the limit its socket is shut down, which ends
     the read waiting on it (the status line, a header, the body, a TLS handshake)."""
 
-    __slots__ = ("_connection", "_lock", "at", "done", "fired")
+    __slots__ = ("_connection", "_lock", "done", "fired")
 
-    def __init__(self, at: float) -> None:
-        self.at = at
+    def __init__(self) -> None:
         self.fired = False
         # The request ended first: nothing to cut.
         self.done = False
@@ -556,7 +555,7 @@ class _Cutoffs:
     @contextlib.contextmanager
     def armed(self, at: float):
         """A time limit at ``at`` (monotonic) for the requests this thread makes in the block."""
-        cutoff = _Cutoff(at)
+        cutoff = _Cutoff()
         with self._changed:
             heapq.heappush(self._heap, (at, next(self._order), cutoff))
             if self._thread is None or not self._thread.is_alive():
@@ -580,10 +579,6 @@ class _Cutoffs:
         cutoff = getattr(self._local, "current", None)
         if cutoff is not None:
             cutoff.watch(connection)
-
-    def __len__(self) -> int:
-        with self._changed:
-            return sum(1 for _, _, cutoff in self._heap if not cutoff.done)
 
     def _run(self) -> None:
         while True:
