@@ -3,7 +3,7 @@ broker consumed raw and, on RabbitMQ, against Celery 5, in interleaved rounds.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/hub_runtime \\
         .venv/bin/python bench/worker.py [--rabbitmq N] [--sqs N] [--concurrency C] \\
-        [--rounds R] [--no-celery]
+        [--prefetch-per-slot P] [--rounds R] [--no-celery]
 
 The database is created and migrated if needed; Celery is the optional ``bench``
 dependency (``pip install -e '.[bench]'``). SQS is moto's server on loopback, started here.
@@ -15,7 +15,8 @@ Each round runs, in an order rotated from round to round, on quorum queues of th
 broker with the same number of messages:
 
 - ``raw``: a bare pika consumer acking each message, prefetch = concurrency;
-- ``raw-deep`` (RabbitMQ): the same with the prefetch our worker uses (16 per slot);
+- ``raw-deep`` (RabbitMQ): the same with the prefetch our worker uses (its window:
+  ``--prefetch-per-slot`` per slot, ``WORKER_PREFETCH_PER_SLOT`` unless given);
 - ``ours``: the worker ``run_worker`` builds (``build_task_worker``), ``concurrency``
   slots, with its two durable records per task in ``task_runs`` (the claim, the success)
   and its acks; messages fed the real way (dispatch, then the relay's engine);
@@ -77,7 +78,7 @@ from outbox.handlers import task  # noqa: E402
 from outbox.models import TaskRun  # noqa: E402
 from outbox.services import dispatch  # noqa: E402
 from relay.engine import OutboxRelay  # noqa: E402
-from worker.builders import PREFETCH_PER_SLOT, build_task_worker  # noqa: E402
+from worker.builders import build_task_worker, window_for  # noqa: E402
 
 PREFIX = "benchw-"
 EXCHANGE = "dom_med_benchw"
@@ -304,7 +305,7 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
                     rate = raw_sqs(count)
             elif name == "raw-deep":
                 feed(count)
-                rate, cpu = raw_rabbitmq(count, concurrency * PREFETCH_PER_SLOT)
+                rate, cpu = raw_rabbitmq(count, window_for(concurrency))
             elif name == "ours":
                 rate, cpu = through_worker(feed(count), concurrency)
             else:
@@ -315,7 +316,7 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
                 cpus[name].append(cpu)
         print(
             f"{broker:8} round {round_number} ({load} at its start): messages={count} "
-            f"concurrency={concurrency} "
+            f"concurrency={concurrency} window={window_for(concurrency)} "
             + "  ".join(
                 f"{name}={rates[name][-1]:7.0f}/s"
                 + (f" ({cpus[name][-1] * 1e6:.0f} us cpu/msg)" if cpus[name] else "")
@@ -398,6 +399,13 @@ def main() -> None:
     parser.add_argument("--rabbitmq", type=int, default=3000, help="messages (0: skip)")
     parser.add_argument("--sqs", type=int, default=500, help="messages (0: skip)")
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--prefetch-per-slot",
+        type=int,
+        default=None,
+        help="our worker's window per slot, and raw-deep's prefetch with it "
+        "(default: WORKER_PREFETCH_PER_SLOT)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="measurements per contender")
     parser.add_argument("--no-celery", action="store_true", help="skip the Celery workers")
     add_load_arguments(parser)
@@ -405,6 +413,10 @@ def main() -> None:
     if args.rabbitmq and not args.no_celery and importlib.util.find_spec("celery") is None:
         # Said before anything is measured, not as a traceback after the first contenders.
         parser.error("Celery is not installed: pip install -e '.[bench]', or pass --no-celery")
+    if args.prefetch_per_slot is not None:
+        if args.prefetch_per_slot < 1:
+            parser.error("--prefetch-per-slot must be at least 1")
+        settings.WORKER_PREFETCH_PER_SLOT = args.prefetch_per_slot
     require_quiet(args)
     with prepared():
         if args.rabbitmq:

@@ -200,6 +200,10 @@ OUTBOX_MAX_DELAY_SECONDS = env.int("OUTBOX_MAX_DELAY_SECONDS", default=7 * 24 * 
 QUEUES = env.list("QUEUES", default=["critical", "default", "bulk", "maintenance"])
 WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=4, minimum=1)
 WORKER_STOP_BUDGET = env.float("WORKER_STOP_BUDGET", default=30.0, minimum=0)
+# Messages the broker may hand a task worker per slot, over all the queues it consumes (the
+# process's window, docs/worker.md): deeper pays the window's two statements over more
+# runs; shallower keeps long tasks' messages free for other workers.
+WORKER_PREFETCH_PER_SLOT = env.int("WORKER_PREFETCH_PER_SLOT", default=16, minimum=1)
 # worker runtime (docs/worker.md): a file that exists only while the worker is ready to
 # take work (an orchestrator's readiness probe checks it); empty: none.
 WORKER_READY_FILE = env.str("WORKER_READY_FILE", default="")

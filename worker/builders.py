@@ -33,15 +33,20 @@ from worker.registry import discover_handlers, missing_handlers
 
 logger = logging.getLogger("hubdommed.worker")
 
-# Messages the broker may hand a task worker, per slot, over all the queues it consumes
-# (the process's window: RabbitMQ's consumer shares it among its queues). More than one:
-# a slot that finishes finds its next message waiting, and the runs of a window are
-# claimed (and its outcomes committed) together, so the window's depth is what pays for
-# the two durable records' round trips (docs/PERFORMANCE.md: 8 per slot reached about two
-# thirds of 16's rate). The price: messages of long tasks wait in one worker (claimed)
-# while another could take them, and after a crash they wait out their lease like the
-# running ones.
-PREFETCH_PER_SLOT = 16
+# A task worker's window (``window_for``): the messages the broker may hand it,
+# ``WORKER_PREFETCH_PER_SLOT`` per slot (16 unless configured), over all the queues it
+# consumes (RabbitMQ's consumers share it among its queues). More than one: a slot that
+# finishes finds its next message waiting, and the runs of a window are claimed (and its
+# outcomes committed) together, so the window's depth is what pays for the two durable
+# records' round trips (docs/PERFORMANCE.md has the rates of 8, 16, 32 and 64 per slot).
+# The price: messages of long tasks wait in one worker (claimed) while another could
+# take them. After a crash, on RabbitMQ, the ones not started are free within seconds
+# (``worker.leases``); on SQS they come back with their visibility, as the running ones.
+
+
+def window_for(concurrency: int) -> int:
+    """The messages a task worker with this many slots may hold at once."""
+    return concurrency * settings.WORKER_PREFETCH_PER_SLOT
 
 
 @dataclass
@@ -89,7 +94,7 @@ def build_task_worker(
         stop_budget=stop_budget,
         ready_file=ready_file,
         poll_interval=poll_interval,
-        prefetch=concurrency * PREFETCH_PER_SLOT,
+        prefetch=window_for(concurrency),
         on_received=processor.received,
         on_step=Heartbeat("worker", settings.LIVENESS_FILE).beat,
     )

@@ -14,7 +14,8 @@ The window (``prefetch``) is the process's, whatever the number of queues it con
 quorum queues take no channel-wide (``global``) prefetch, so each consumer gets its share
 of it (``prefetch_shares``: ``basic_qos`` before each ``basic_consume``), the first queues
 of the list one more when it does not divide evenly. A worker consuming four queues with a
-window of 64 holds at most 16 unacked messages of each.
+window of 64 holds at most 16 unacked messages of each. A share is at most 65,535, the
+largest count the protocol's ``basic.qos`` carries.
 
 Dead-lettering publishes a copy, through the default exchange, to the queue's ``-dlq``
 with the error in ``x-error-*`` headers, on a channel with publisher confirms; the caller
@@ -53,14 +54,21 @@ T = TypeVar("T")
 # Seconds a worker thread waits for the I/O thread to settle a message.
 SETTLE_TIMEOUT = 30.0
 
+# The largest ``prefetch_count`` of ``basic.qos`` (a 16-bit field; 0 means no limit).
+MAX_PREFETCH_COUNT = 65_535
+
 
 def prefetch_shares(prefetch: int, consumers: int) -> list[int]:
     """The window split across the consumers, in their order: together ``prefetch``
-    (each at least one: a prefetch of 0 would be no limit at all)."""
+    (each at least one: a prefetch of 0 would be no limit at all; and at most what
+    ``basic.qos`` can carry, so a window beyond it is held at that)."""
     if consumers < 1:
         return []
     base, extra = divmod(prefetch, consumers)
-    return [max(1, base + (1 if index < extra else 0)) for index in range(consumers)]
+    return [
+        min(MAX_PREFETCH_COUNT, max(1, base + (1 if index < extra else 0)))
+        for index in range(consumers)
+    ]
 
 
 class RabbitMQConsumer(Consumer):

@@ -30,6 +30,7 @@ def start(
     [
         ("RELAY_SWEEP_INTERVAL", "soon"),
         ("WORKER_CONCURRENCY", "0"),
+        ("WORKER_PREFETCH_PER_SLOT", "0"),
         ("BROKER", "kafka"),
         ("DEBUG", "maybe"),
         ("DATABASE_URL", "mysql://localhost/x"),

@@ -30,7 +30,7 @@ from tests.reliability.support import (
 )
 
 CONCURRENCY = 4
-# The window of a worker: 16 messages per slot (``worker.builders.PREFETCH_PER_SLOT``).
+# The window of a worker: 16 messages per slot (``WORKER_PREFETCH_PER_SLOT``'s default).
 WINDOW_PER_SLOT = 16
 
 

@@ -28,7 +28,7 @@ from tests.worker.conftest import (
     worker_command,
     worker_environment,
 )
-from worker.builders import PREFETCH_PER_SLOT
+from worker.builders import window_for
 from worker.leases import AHEAD_LEASE_SECONDS, LeaseKeeper, Start, ahead_seconds
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -295,7 +295,7 @@ def test_a_copy_of_a_run_a_live_worker_claimed_ahead_waits_for_it_and_never_runs
         blocker = dispatch_work(wait_for_go_ahead=True)
         wait_for(lambda: executions(blocker), what="the subprocess to start the blocker")
         # Its window full (16 for its one slot): the copy below can only go elsewhere.
-        others = [dispatch_work() for _ in range(PREFETCH_PER_SLOT - 2)]
+        others = [dispatch_work() for _ in range(window_for(1) - 2)]
         run_id = dispatch_work()
         # Claimed ahead in the subprocess, behind the blocker in its only slot.
         wait_for(

@@ -33,7 +33,7 @@ from tests.worker.conftest import (
     wait_for,
     worker_environment,
 )
-from worker.builders import PREFETCH_PER_SLOT
+from worker.builders import window_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -319,7 +319,7 @@ QUEUE_CLASSES = ("critical", "default", "bulk", "maintenance")
 def test_a_worker_consuming_four_full_queues_holds_one_window_not_one_per_queue(
     broker, relay, start_worker
 ):
-    per_queue = PREFETCH_PER_SLOT + 8  # each queue alone could fill the window
+    per_queue = window_for(1) + 8  # each queue alone could fill the window
     run_ids: list[str] = []
     with transaction.atomic():
         for queue in QUEUE_CLASSES:
@@ -329,7 +329,7 @@ def test_a_worker_consuming_four_full_queues_holds_one_window_not_one_per_queue(
     total = len(run_ids)
 
     worker = start_worker(concurrency=1, queues=QUEUE_CLASSES)
-    window = PREFETCH_PER_SLOT  # one slot
+    window = window_for(1)  # one slot
 
     def claimed() -> int:
         return TaskRun.objects.filter(run_id__in=run_ids, status=TaskRun.Status.RUNNING).count()
@@ -346,6 +346,34 @@ def test_a_worker_consuming_four_full_queues_holds_one_window_not_one_per_queue(
         )
         held = claimed()
         assert held <= window, f"{held} runs held by a worker whose window is {window}"
+    finally:
+        for run_id in run_ids:
+            go_ahead(run_id)
+
+
+def test_the_window_per_slot_is_the_operators_to_set(broker, relay, start_worker, settings):
+    settings.WORKER_PREFETCH_PER_SLOT = 5
+    window = 2 * 5  # two slots
+    run_ids = [dispatch_work(wait_for_go_ahead=True) for _ in range(window + 6)]
+    wait_for(lambda: _all_sent(run_ids), what="the messages to be sent")
+
+    worker = start_worker(concurrency=2)
+
+    def claimed() -> int:
+        return TaskRun.objects.filter(run_id__in=run_ids, status=TaskRun.Status.RUNNING).count()
+
+    try:
+        wait_for(lambda: claimed() >= window, what="the worker's window to fill")
+        wait_for(
+            lambda: (
+                len(run_ids) - _ready_messages(("default",))
+                == worker.worker.stats.received
+                == claimed()
+            ),
+            what="the broker's count and the worker's claims to agree",
+        )
+        held = claimed()
+        assert held == window, f"{held} runs held by a worker whose window is {window}"
     finally:
         for run_id in run_ids:
             go_ahead(run_id)
