@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any
@@ -11,6 +12,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import ValidationError
+from django.db import OperationalError
 from django.db.models import Model, Q, QuerySet
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpResponseRedirect
@@ -19,8 +21,10 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince
 
-from common.errors import DomainError
+from common.errors import DomainError, transaction_conflict
 from common.jsondata import PROBLEM, TOO_DEEP, unstorable_path, within_depth
+
+logger = logging.getLogger("hubdommed.admin")
 
 
 def adopt(target: Model, saved: Model) -> None:
@@ -31,11 +35,24 @@ def adopt(target: Model, saved: Model) -> None:
     target._state.db = saved._state.db
 
 
+def refusal_of(exc: Exception) -> DomainError | None:
+    """What to show an admin for an error a page ran into: a service's refusal, or the
+    database's abort of a transaction that ran into another at the same moment
+    (``transaction_conflict``: logged as the API logs it); None for anything else, a bug."""
+    if isinstance(exc, DomainError):
+        return exc
+    conflict = transaction_conflict(exc) if isinstance(exc, OperationalError) else None
+    if conflict is not None:
+        logger.error("transaction aborted by a %s in the admin: %s", conflict.reason, exc)
+    return conflict
+
+
 class RefusedSavesShown:
     """A ``ModelAdmin`` mixin: a save the service refuses after its form was valid (a limit
     another creation reached in between, a row another person changed meanwhile) is an error
     message on the form's page, not a 500. The admin's transaction has been rolled back by
-    then: nothing of the refused save is kept."""
+    then: nothing of the refused save is kept. (A transaction the database aborts is shown
+    the same way on every page of the site: ``HubAdminSite.admin_view``.)"""
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         try:
@@ -105,7 +122,10 @@ def act_on_each(
     for row in rows:
         try:
             act(row)
-        except DomainError as refusal:
+        except (DomainError, OperationalError) as exc:
+            refusal = refusal_of(exc)
+            if refusal is None:
+                raise
             model_admin.message_user(request, f"{named(row)}: {refusal.message}", refusal_level)
         else:
             count += 1

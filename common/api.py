@@ -26,7 +26,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from common.errors import DomainError, InvalidInput
+from common.errors import DomainError, InvalidInput, transaction_conflict
 
 logger = logging.getLogger("hubdommed.api")
 
@@ -62,6 +62,16 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 
 
 def _error_response(exc: Exception, context: dict[str, Any]) -> Response:
+    conflict = transaction_conflict(exc) if isinstance(exc, OperationalError) else None
+    if conflict is not None:
+        view = context.get("view")
+        logger.error(
+            "transaction aborted by a %s in %s: %s",
+            conflict.reason,
+            type(view).__name__ if view else "view",
+            exc,
+        )
+        exc = conflict
     if isinstance(exc, DomainError):
         if exc.status_code >= 500:
             logger.error("domain error %s: %s", exc.code, exc.message)

@@ -61,3 +61,34 @@ class Conflict(DomainError):
         """A value of one input field that another row holds (a taken slug): ``details``
         names the field, as a validation error's would."""
         return cls(message, code=code, details={field: [message]})
+
+
+class TransactionConflict(Conflict):
+    """The database aborted a transaction that ran into another at the same moment (a
+    deadlock, a serialization failure): nothing of it was kept, and running it again may
+    well go through. A conflict for the caller to retry, not an outage (a 503) nor a bug
+    (a 500); a deadlock is still a defect of lock order, so it is logged as an error."""
+
+    code = "concurrent_change"
+    default_message = (
+        "Another change to the same records ran at the same moment; nothing was changed. Try again."
+    )
+
+    def __init__(self, reason: str) -> None:
+        super().__init__()
+        # What the database said: "deadlock" or "serialization failure".
+        self.reason = reason
+
+
+# The SQLSTATEs of those aborts: deadlock_detected and serialization_failure.
+_TRANSACTION_CONFLICTS = {"40P01": "deadlock", "40001": "serialization failure"}
+
+
+def transaction_conflict(exc: BaseException) -> TransactionConflict | None:
+    """What to answer for a database error that aborted a transaction because of another
+    one, or None for any other error (the driver's own, or Django's wrapping of it)."""
+    for error in (exc, exc.__cause__):
+        reason = _TRANSACTION_CONFLICTS.get(getattr(error, "sqlstate", None) or "")
+        if reason is not None:
+            return TransactionConflict(reason)
+    return None

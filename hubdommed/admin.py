@@ -11,15 +11,18 @@ documentation.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db import OperationalError
+from django.http import HttpResponseRedirect
 from django.urls import path, reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.http import urlencode
 
-from common.admin import age, moment
+from common.admin import age, moment, refusal_of
 from common.heartbeats import DAEMONS, heartbeats_last
 from outbox.console import outbox_backlogs, task_runs_failing
 from schedule.console import schedules_paused
@@ -225,6 +228,25 @@ class HubAdminSite(admin.AdminSite):
             **(extra_context or {}),
         }
         return super().index(request, context)
+
+    def admin_view(self, view, cacheable=False):
+        """Every page of the site (the models' included): a transaction the database
+        aborted for another's sake, anywhere in it, is a message on the page it came from,
+        as a refusal is, not a 500. Nothing of it was kept; trying again may go through."""
+        guarded = super().admin_view(view, cacheable)
+
+        @functools.wraps(view)
+        def conflicts_shown(request, *args, **kwargs):
+            try:
+                return guarded(request, *args, **kwargs)
+            except OperationalError as exc:
+                refusal = refusal_of(exc)
+                if refusal is None:
+                    raise
+                messages.error(request, refusal.message)
+                return HttpResponseRedirect(request.get_full_path())
+
+        return conflicts_shown
 
     def get_urls(self):
         own = [

@@ -1,0 +1,75 @@
+"""Races forced at the database: two callers in threads of their own, each with its own
+connection, one held at a chosen point until the other waits on a row lock.
+
+Only the moment is chosen (a wrapper waits, then calls the real function); every statement
+runs against the real PostgreSQL, which itself decides who waits and who deadlocks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from django.db import connection, connections
+
+
+def backends_waiting_on_locks() -> int:
+    """How many sessions of this test's database wait on a lock now (another connection's
+    view, read on a connection of its own)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+def until_another_waits(done: Callable[[], bool] = lambda: False, timeout: float = 30.0) -> bool:
+    """Block until another session waits on a lock (True), or ``done()`` says the other side
+    finished without waiting (False). A lock wait never seen within ``timeout`` is an error
+    of the test, not of the code under test."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if backends_waiting_on_locks():
+            return True
+        if done():
+            return False
+        time.sleep(0.02)
+    raise AssertionError(f"no session waited on a lock within {timeout} s")
+
+
+class Racer:
+    """``target`` in a thread named ``name``; what it returned or raised, once joined."""
+
+    def __init__(self, name: str, target: Callable[[], object]) -> None:
+        self.name = name
+        self.result: object = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(target,), name=name)
+
+    def _run(self, target: Callable[[], object]) -> None:
+        try:
+            self.result = target()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            connection.close()
+
+    def start(self) -> Racer:
+        self._thread.start()
+        return self
+
+    def finished(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self, timeout: float = 60.0) -> object:
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), f"{self.name} never finished"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def in_racer(name: str) -> bool:
+    return threading.current_thread().name == name
