@@ -3,6 +3,14 @@
 Each service is the transaction boundary of its change and records the domain
 event of that change through the outbox in the same transaction: tenant events
 on the platform outbox, user events on their tenant's outbox.
+
+Rows are locked in one order, the tenant, then the user, then refresh tokens, and a row
+whose key does not change is locked ``FOR NO KEY UPDATE``, which the foreign-key checks
+of the rows written beside it (a user's event on its tenant's outbox, a new refresh token
+of the user) do not wait for. A token is issued (``_hold_for_issuing``) with its tenant
+held ``FOR SHARE`` and its user ``FOR NO KEY UPDATE``, both checked active under those
+locks: a deactivation of either (or a new password) waits for the token's transaction,
+then revokes it with the others, or goes first and the token is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from django.conf import settings
 from django.contrib.auth.hashers import check_password, make_password
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
@@ -109,7 +117,7 @@ def tenant_create(*, name: str, slug: str | None = None, actor: User) -> Tenant:
 
 @transaction.atomic
 def tenant_rename(*, tenant: Tenant, name: str, actor: User) -> Tenant:
-    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
     tenant.rename(name=name.strip())
     tenant.save(update_fields=["name", "updated_at"])
     logger.info("tenant %s renamed by %s", tenant.pk, actor.pk)
@@ -119,8 +127,9 @@ def tenant_rename(*, tenant: Tenant, name: str, actor: User) -> Tenant:
 @transaction.atomic
 def tenant_deactivate(*, tenant: Tenant, actor: User) -> Tenant:
     """Blocks every login of the tenant's users and ends their sessions."""
-    # The row lock also orders this against a registration into the same tenant.
-    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    # The row lock also orders this against a registration into the same tenant (which
+    # takes it FOR UPDATE) and a token being issued (FOR SHARE).
+    tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
     now = timezone.now()
     tenant.deactivate(now=now)
     tenant.save(update_fields=["is_active", "deactivated_at", "updated_at"])
@@ -180,7 +189,7 @@ def user_register(
 def user_update(
     *, user: User, full_name: str | None = None, role: str | None = None, actor: User
 ) -> User:
-    user = User.objects.select_for_update().get(pk=user.pk)
+    user = User.objects.select_for_update(no_key=True).get(pk=user.pk)
     user.ensure_active()
     fields = []
     if full_name is not None:
@@ -202,7 +211,7 @@ def user_deactivate(*, user: User, actor: User) -> User:
     """Blocks the user's login and ends every session; nothing is deleted."""
     if actor.pk == user.pk:
         raise Conflict("You cannot deactivate yourself.", code="cannot_deactivate_self")
-    user = User.objects.select_for_update().get(pk=user.pk)
+    user = User.objects.select_for_update(no_key=True).get(pk=user.pk)
     now = timezone.now()
     user.deactivate(now=now)
     user.save(update_fields=["is_active", "deactivated_at", "updated_at"])
@@ -221,7 +230,7 @@ def user_deactivate(*, user: User, actor: User) -> User:
 @transaction.atomic
 def user_set_password(*, user: User, password: str) -> User:
     """Give the user a new password (the validators apply) and end every session they had."""
-    user = User.objects.select_for_update().get(pk=user.pk)
+    user = User.objects.select_for_update(no_key=True).get(pk=user.pk)
     try:
         validate_password(password, user)
     except DjangoValidationError as exc:
@@ -254,11 +263,11 @@ def user_login(*, email: str, password: str) -> TokenPair:
     if not user.check_password(password):
         raise InvalidCredentials()
     # Only someone who knows the password learns that the account is closed.
-    if not user.is_active:
-        raise AccountInactive()
-    if user.tenant_id is not None and not user.tenant.is_active:
-        raise AccountInactive("The organization of this account is deactivated.")
+    _refuse_inactive(user)
     with transaction.atomic():
+        # Checked again under the locks: a deactivation may have committed meanwhile.
+        user = _hold_for_issuing(user)
+        _refuse_inactive(user)
         now = timezone.now()
         refresh, row = _new_refresh_token(user=user, family=None, now=now)
         user.last_login = now
@@ -284,16 +293,18 @@ def refresh_token_rotate(*, token: str) -> TokenPair:
     digest = hash_refresh_token(token)
     reused_family = None
     successor = None
+    holder = RefreshToken.objects.select_related("user").filter(token_hash=digest).first()
+    # Found by its hash; compared again in constant time all the same.
+    if holder is None or not hmac.compare_digest(holder.token_hash, digest):
+        raise InvalidRefreshToken()
     with transaction.atomic():
+        # The tenant and the user first, then the token (the module's lock order).
+        _hold_for_issuing(holder.user)
         current = (
             RefreshToken.objects.select_for_update(of=("self",))
             .select_related("user__tenant")
-            .filter(token_hash=digest)
-            .first()
+            .get(pk=holder.pk)
         )
-        # Found by its hash; compared again in constant time all the same.
-        if current is None or not hmac.compare_digest(current.token_hash, digest):
-            raise InvalidRefreshToken()
         now = timezone.now()
         if current.revoked_at is not None:
             raise InvalidRefreshToken()
@@ -341,7 +352,9 @@ def refresh_token_rotate(*, token: str) -> TokenPair:
 def refresh_token_revoke(*, token: str) -> None:
     """Logout: ends the session (family) of the token. Unknown tokens are ignored."""
     digest = hash_refresh_token(token)
-    current = RefreshToken.objects.filter(token_hash=digest).first()
+    # Locked first: a refresh of it that commits meanwhile is waited for, and its successor
+    # revoked with the family.
+    current = RefreshToken.objects.select_for_update().filter(token_hash=digest).first()
     if current is None or not hmac.compare_digest(current.token_hash, digest):
         return
     _revoke(RefreshToken.objects.filter(family=current.family), RevokeReason.LOGOUT, timezone.now())
@@ -397,6 +410,25 @@ def _pair(user: User, refresh: str, row: RefreshToken) -> TokenPair:
         refresh_token=refresh,
         refresh_token_expires_at=row.expires_at,
     )
+
+
+def _refuse_inactive(user: User) -> None:
+    if not user.is_active:
+        raise AccountInactive()
+    if user.tenant_id is not None and not user.tenant.is_active:
+        raise AccountInactive("The organization of this account is deactivated.")
+
+
+def _hold_for_issuing(user: User) -> User:
+    """The user, read again with its tenant held ``FOR SHARE`` and itself ``FOR NO KEY
+    UPDATE`` to the end of the transaction: a token issued under these locks, once the
+    caller checked the user active as read here, is seen by any deactivation (or new
+    password) that commits after it."""
+    if user.tenant_id is not None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM tenants WHERE id = %s FOR SHARE", [user.tenant_id])
+    held = User.objects.select_for_update(no_key=True, of=("self",))
+    return held.select_related("tenant").get(pk=user.pk)
 
 
 def _revoke(tokens: QuerySet[RefreshToken], reason: str, now: datetime) -> int:
