@@ -34,15 +34,21 @@ def outbox_send_again(*, model: type[BaseOutboxMessage], ids: Collection[int]) -
     """Make the rows ``ids`` of ``model``'s table due now; returns how many there were."""
     if model not in OUTBOX_MODELS:
         raise TypeError(f"{model.__name__} is not an outbox table")
-    rows = list(
-        model.objects.select_for_update().filter(pk__in=list(ids)).values_list("pk", "run_id")
-    )
+    rows = list(model.objects.filter(pk__in=list(ids)).values_list("pk", "run_id"))
     if not rows:
         return 0
-    model.objects.filter(pk__in=[pk for pk, _ in rows]).update(sent_at=None, available_at=Now())
+    # The runs first, then their rows: the order a worker's retry takes them in (the run
+    # marked, then its row re-armed), or each would wait for the other.
     _restart_failed_runs([run_id for _, run_id in rows])
+    locked = list(
+        model.objects.select_for_update()
+        .filter(pk__in=[pk for pk, _ in rows])
+        .order_by("pk")
+        .values_list("pk", flat=True)
+    )
+    model.objects.filter(pk__in=locked).update(sent_at=None, available_at=Now())
     signal_relay_on_commit()
-    return len(rows)
+    return len(locked)
 
 
 @transaction.atomic
