@@ -303,8 +303,11 @@ def refresh_token_rotate(*, token: str) -> TokenPair:
         current = (
             RefreshToken.objects.select_for_update(of=("self",))
             .select_related("user__tenant")
-            .get(pk=holder.pk)
+            .filter(pk=holder.pk)
+            .first()
         )
+        if current is None:
+            raise InvalidRefreshToken()
         now = timezone.now()
         if current.revoked_at is not None:
             raise InvalidRefreshToken()
