@@ -17,6 +17,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
+from common.daemon import Daemon
 from common.errors import TransactionConflict, transaction_conflict
 from sector import admin as sector_admin
 from sector import api as sector_api
@@ -146,3 +147,28 @@ def test_only_the_aborts_of_a_conflict_are_conflicts():
     assert transaction_conflict(serialization).reason == "serialization failure"
     assert transaction_conflict(psycopg.errors.AdminShutdown("terminating")) is None
     assert transaction_conflict(psycopg.OperationalError("connection refused")) is None
+
+
+def test_a_daemon_cycle_aborted_by_a_deadlock_says_so_and_goes_on(other_connection, caplog):
+    first, second = SectorFactory(), SectorFactory()
+
+    class Locking(Daemon):
+        name = "locking"
+        heartbeat = type("Beat", (), {"beat": lambda self: None})()
+
+        def cycle(self):
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(LOCK, [first.pk])
+                cursor.execute(LOCK, [second.pk])
+
+    daemon = Locking()
+    other_connection.execute(LOCK, [second.pk])
+    racer = Racer("cycle", daemon.run_cycle).start()
+    until_another_waits(done=racer.finished)
+    other_connection.execute(LOCK, [first.pk])
+    racer.join()
+
+    lines = [record.getMessage() for record in caplog.records if record.name == "hubdommed.locking"]
+    assert any("aborted by a deadlock" in line for line in lines), lines
+    assert not any("unreachable" in line for line in lines), lines
+    assert daemon.cycles == 1
