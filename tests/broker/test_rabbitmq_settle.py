@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import threading
-import uuid
 
 import pika
 import pytest
 
-from broker import topology
 from broker.base import TransportUnavailable
 from broker.rabbitmq import consumer as consume_rabbitmq
 from broker.rabbitmq.consumer import RabbitMQConsumer
@@ -44,13 +42,11 @@ def test_a_settlement_left_unanswered_raises_transport_unavailable(consumer, mon
     assert isinstance(errors[0], TransportUnavailable)
 
 
-def test_acks_of_a_group_cover_only_its_own_messages(settings, exchange_name):
+def test_acks_of_a_group_cover_only_its_own_messages(settings, default_queue):
     """One ``multiple`` ack for the lowest run of tags the group holds, single acks for the
     rest: a message between them, still being worked on, stays unacked (and comes back
     when the connection goes)."""
-    settings.RABBITMQ_EXCHANGE = exchange_name
-    settings.QUEUE_PREFIX = f"{settings.QUEUE_PREFIX}{uuid.uuid4().hex[:6]}-"
-    queue = topology.queue_name("default")
+    queue = default_queue
     consumer = RabbitMQConsumer()
     consumer.start(["default"], prefetch=10)
     try:
@@ -88,19 +84,13 @@ def test_acks_of_a_group_cover_only_its_own_messages(settings, exchange_name):
         assert [delivery.body for delivery in back] == [b"message 3"]
     finally:
         again.close()
-        conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-        conn.channel().queue_delete(queue)
-        conn.channel().queue_delete(topology.dead_letter_queue_name("default"))
-        conn.close()
 
 
-def test_a_connection_lost_under_an_ack_is_unavailable_at_the_next_poll(settings, exchange_name):
+def test_a_connection_lost_under_an_ack_is_unavailable_at_the_next_poll(settings, default_queue):
     """An ack that meets a cut connection breaks it inside pika's I/O loop; the next
     poll is then a lost connection (the worker reconnects), never pika's own error about
     its closed timers."""
-    settings.RABBITMQ_EXCHANGE = exchange_name
-    settings.QUEUE_PREFIX = f"{settings.QUEUE_PREFIX}{uuid.uuid4().hex[:6]}-"
-    queue = topology.queue_name("default")
+    queue = default_queue
     broker = pika.URLParameters(settings.RABBITMQ_URL)
     forwarder = Forwarder((broker.host, broker.port)).open()
     settings.RABBITMQ_URL = (
@@ -127,6 +117,3 @@ def test_a_connection_lost_under_an_ack_is_unavailable_at_the_next_poll(settings
     finally:
         consumer.close()
         forwarder.close()
-        cleanup = pika.BlockingConnection(broker)
-        cleanup.channel().queue_delete(queue)
-        cleanup.close()

@@ -3,12 +3,9 @@ the protocol's ``basic.qos`` carries."""
 
 from __future__ import annotations
 
-import uuid
-
 import pika
 import pytest
 
-from broker import topology
 from broker.rabbitmq.consumer import MAX_PREFETCH_COUNT, RabbitMQConsumer, prefetch_shares
 from tests.polling import wait_until
 
@@ -28,24 +25,17 @@ def test_the_window_is_shared_across_the_consumers(prefetch, consumers, shares):
     assert prefetch_shares(prefetch, consumers) == shares
 
 
-def test_a_window_beyond_what_basic_qos_carries_still_consumes(settings, exchange_name):
+def test_a_window_beyond_what_basic_qos_carries_still_consumes(settings, default_queue):
     """A window of 70,000 on one queue (``WORKER_CONCURRENCY`` 4,375 at 16 a slot) is held
     at 65,535, not a ``struct.error`` out of pika at every start."""
-    settings.RABBITMQ_EXCHANGE = exchange_name
-    settings.QUEUE_PREFIX = f"{settings.QUEUE_PREFIX}{uuid.uuid4().hex[:6]}-"
-    queue = topology.queue_name("default")
     consumer = RabbitMQConsumer()
     try:
         consumer.start(["default"], prefetch=70_000)
         publisher = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-        publisher.channel().basic_publish("", queue, b"one message")
+        publisher.channel().basic_publish("", default_queue, b"one message")
         publisher.close()
         received: list = []
         wait_until(lambda: received.extend(consumer.poll(0.1)) or received, timeout=10)
         assert [delivery.body for delivery in received] == [b"one message"]
     finally:
         consumer.close()
-        conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-        conn.channel().queue_delete(queue)
-        conn.channel().queue_delete(topology.dead_letter_queue_name("default"))
-        conn.close()

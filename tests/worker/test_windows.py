@@ -326,29 +326,31 @@ def test_a_worker_consuming_four_full_queues_holds_one_window_not_one_per_queue(
             name = "test.work" if queue == "default" else f"test.work.{queue}"
             run_ids += [str(dispatch(name, {"wait_for_go_ahead": True})) for _ in range(per_queue)]
     wait_for(lambda: _all_sent(run_ids), what="the messages to be sent")
-    total = len(run_ids)
 
     worker = start_worker(concurrency=1, queues=QUEUE_CLASSES)
     window = window_for(1)  # one slot
-
-    def claimed() -> int:
-        return TaskRun.objects.filter(run_id__in=run_ids, status=TaskRun.Status.RUNNING).count()
-
     try:
-        wait_for(lambda: claimed() >= window, what="the worker's window to fill")
-        # Nothing on its way any more: what left the queues is what the worker received,
-        # and every message it received is claimed.
-        wait_for(
-            lambda: (
-                total - _ready_messages(QUEUE_CLASSES) == worker.worker.stats.received == claimed()
-            ),
-            what="the broker's count and the worker's claims to agree",
-        )
-        held = claimed()
+        held = _held_once_settled(worker, run_ids, QUEUE_CLASSES, window)
         assert held <= window, f"{held} runs held by a worker whose window is {window}"
     finally:
         for run_id in run_ids:
             go_ahead(run_id)
+
+
+def _held_once_settled(worker, run_ids: list[str], queues, window: int) -> int:
+    """The runs of ``run_ids`` the worker holds claimed, once its window filled and nothing
+    is on its way any more: what left the queues is what the worker received, and every
+    message it received is claimed."""
+
+    def claimed() -> int:
+        return TaskRun.objects.filter(run_id__in=run_ids, status=TaskRun.Status.RUNNING).count()
+
+    wait_for(lambda: claimed() >= window, what="the worker's window to fill")
+    wait_for(
+        lambda: len(run_ids) - _ready_messages(queues) == worker.worker.stats.received == claimed(),
+        what="the broker's count and the worker's claims to agree",
+    )
+    return claimed()
 
 
 def test_the_window_per_slot_is_the_operators_to_set(broker, relay, start_worker, settings):
@@ -358,21 +360,8 @@ def test_the_window_per_slot_is_the_operators_to_set(broker, relay, start_worker
     wait_for(lambda: _all_sent(run_ids), what="the messages to be sent")
 
     worker = start_worker(concurrency=2)
-
-    def claimed() -> int:
-        return TaskRun.objects.filter(run_id__in=run_ids, status=TaskRun.Status.RUNNING).count()
-
     try:
-        wait_for(lambda: claimed() >= window, what="the worker's window to fill")
-        wait_for(
-            lambda: (
-                len(run_ids) - _ready_messages(("default",))
-                == worker.worker.stats.received
-                == claimed()
-            ),
-            what="the broker's count and the worker's claims to agree",
-        )
-        held = claimed()
+        held = _held_once_settled(worker, run_ids, ("default",), window)
         assert held == window, f"{held} runs held by a worker whose window is {window}"
     finally:
         for run_id in run_ids:
