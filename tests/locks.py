@@ -7,10 +7,12 @@ runs against the real PostgreSQL, which itself decides who waits and who deadloc
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import psycopg
 from django.db import connection, connections
 
 
@@ -73,3 +75,24 @@ class Racer:
 
 def in_racer(name: str) -> bool:
     return threading.current_thread().name == name
+
+
+@contextlib.contextmanager
+def another_session() -> Iterator[psycopg.Connection]:
+    """A connection of the test's own to its database, in one transaction (rolled back at
+    the end), that never looks for deadlocks itself for a minute: in a cycle it closes,
+    PostgreSQL aborts the other side, the one that waited first."""
+    params = connection.settings_dict
+    conn = psycopg.connect(
+        dbname=params["NAME"],
+        host=params["HOST"],
+        port=params["PORT"] or 5432,
+        user=params["USER"],
+        password=params["PASSWORD"] or None,
+    )
+    try:
+        conn.execute("SET deadlock_timeout = '60s'")
+        yield conn
+    finally:
+        conn.rollback()
+        conn.close()

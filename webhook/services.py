@@ -237,19 +237,34 @@ def endpoint_secrets_expire(
 def endpoint_secrets_reencrypt() -> int:
     """Encrypt every stored secret again under the first of WEBHOOK_SECRET_KEYS (after a
     new key was put first); returns how many endpoints. Each batch is its own short
-    transaction, so deliveries and rotations go on meanwhile."""
-    done, last_id = 0, 0
+    transaction, so deliveries and rotations go on meanwhile.
+
+    A batch skips the endpoints another transaction holds: an event's holds its endpoints
+    ``FOR SHARE`` in the order of its events, so a batch that waited for one while holding
+    others could close a cycle with it. Those are taken after the batches, one per
+    transaction, each waiting for nothing but itself."""
+    done, last_id, skipped = 0, 0, []
+    endpoints = WebhookEndpoint.objects.only("id", "secret", "previous_secret").order_by("id")
     while True:
         with transaction.atomic():
-            endpoints = list(
-                WebhookEndpoint.objects.select_for_update(no_key=True)
-                .filter(pk__gt=last_id)
-                .only("id", "secret", "previous_secret")
-                .order_by("id")[:SECRETS_BATCH]
+            ids = list(
+                WebhookEndpoint.objects.filter(pk__gt=last_id)
+                .order_by("id")
+                .values_list("id", flat=True)[:SECRETS_BATCH]
+            )
+            batch = list(
+                endpoints.select_for_update(no_key=True, skip_locked=True).filter(pk__in=ids)
             )
             # Read through every key, written under the first one.
-            WebhookEndpoint.objects.bulk_update(endpoints, ["secret", "previous_secret"])
-        if not endpoints:
-            return done
-        done += len(endpoints)
-        last_id = endpoints[-1].pk
+            WebhookEndpoint.objects.bulk_update(batch, ["secret", "previous_secret"])
+        if not ids:
+            break
+        skipped += sorted(set(ids) - {endpoint.pk for endpoint in batch})
+        done += len(batch)
+        last_id = ids[-1]
+    for endpoint_id in skipped:
+        with transaction.atomic():
+            held = list(endpoints.select_for_update(no_key=True).filter(pk=endpoint_id))
+            WebhookEndpoint.objects.bulk_update(held, ["secret", "previous_secret"])
+        done += len(held)
+    return done

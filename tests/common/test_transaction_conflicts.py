@@ -24,7 +24,7 @@ from sector import api as sector_api
 from sector.models import Sector
 from tests.clients import client_of
 from tests.factories import PlatformAdminFactory, SectorFactory
-from tests.locks import Racer, until_another_waits
+from tests.locks import Racer, another_session, until_another_waits
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
 
@@ -38,18 +38,8 @@ def admin_user():
 
 @pytest.fixture
 def other_connection():
-    params = connection.settings_dict
-    conn = psycopg.connect(
-        dbname=params["NAME"],
-        host=params["HOST"],
-        port=params["PORT"] or 5432,
-        user=params["USER"],
-        password=params["PASSWORD"] or None,
-    )
-    conn.execute("SET deadlock_timeout = '60s'")
-    yield conn
-    conn.rollback()
-    conn.close()
+    with another_session() as conn:
+        yield conn
 
 
 @contextlib.contextmanager
