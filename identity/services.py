@@ -26,7 +26,7 @@ from django.conf import settings
 from django.contrib.auth.hashers import check_password, make_password
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 from django.utils.text import slugify
@@ -127,8 +127,8 @@ def tenant_rename(*, tenant: Tenant, name: str, actor: User) -> Tenant:
 @transaction.atomic
 def tenant_deactivate(*, tenant: Tenant, actor: User) -> Tenant:
     """Blocks every login of the tenant's users and ends their sessions."""
-    # The row lock also orders this against a registration into the same tenant (which
-    # takes it FOR UPDATE) and a token being issued (FOR SHARE).
+    # The row lock also orders this against a registration into the same tenant and a
+    # token being issued (both hold it FOR SHARE).
     tenant = Tenant.objects.select_for_update(no_key=True).get(pk=tenant.pk)
     now = timezone.now()
     tenant.deactivate(now=now)
@@ -162,7 +162,8 @@ def user_register(
     role: str = User.Role.MEMBER,
     actor: User,
 ) -> User:
-    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    # Held to the commit: a deactivation of the tenant waits for the new user, then ends it.
+    tenant = _tenant_shared(tenant.pk)
     tenant.ensure_active()
     email = normalize_email(email)
     user = User(email=email, full_name=full_name.strip(), tenant=tenant, role=role)
@@ -428,10 +429,15 @@ def _hold_for_issuing(user: User) -> User:
     caller checked the user active as read here, is seen by any deactivation (or new
     password) that commits after it."""
     if user.tenant_id is not None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1 FROM tenants WHERE id = %s FOR SHARE", [user.tenant_id])
+        _tenant_shared(user.tenant_id)
     held = User.objects.select_for_update(no_key=True, of=("self",))
     return held.select_related("tenant").get(pk=user.pk)
+
+
+def _tenant_shared(tenant_id: int) -> Tenant:
+    """The tenant, held ``FOR SHARE`` to the end of the transaction: its deactivation (and
+    rename) wait for it, the rows written for it do not."""
+    return Tenant.objects.raw("SELECT * FROM tenants WHERE id = %s FOR SHARE", [tenant_id])[0]
 
 
 def _revoke(tokens: QuerySet[RefreshToken], reason: str, now: datetime) -> int:

@@ -50,15 +50,15 @@ def held_in(racer: str, monkeypatch, name: str) -> tuple[threading.Event, thread
 
 def race(first: Racer, reached: threading.Event, go: threading.Event, second: Racer):
     """``first`` held where it reached; ``second`` started and run until it waits on a lock
-    or finishes; then ``first`` let go. Both answers."""
+    or finishes; then ``first`` let go. Both answers, and whether ``second`` waited."""
     first.start()
     try:
         assert reached.wait(30), f"{first.name} never reached its hold"
         second.start()
-        until_another_waits(done=second.finished)
+        waited = until_another_waits(done=second.finished)
     finally:
         go.set()
-    return first.join(), second.join()
+    return first.join(), second.join(), waited
 
 
 def live_tokens(user: User) -> list[RefreshToken]:
@@ -84,12 +84,14 @@ def test_a_refresh_under_way_is_waited_for_by_a_deactivation_that_then_ends_its_
         deactivate_user(manager, member) if deactivated == "user" else deactivate_tenant(tenant)
     )
 
-    rotated, deactivation = race(
+    rotated, deactivation, waited = race(
         Racer("refresh", lambda: refresh(APIClient(), token)),
         reached,
         go,
         Racer("deactivate", deactivate),
     )
+
+    assert waited, "the second did not wait for the first"
 
     assert rotated.status_code == 200, rotated.content
     assert deactivation.status_code == 200, deactivation.content
@@ -104,12 +106,14 @@ def test_a_refresh_that_comes_while_the_user_is_being_deactivated_is_refused(peo
     manager, member, token = people
     reached, go = held_in("deactivate", monkeypatch, "_revoke")
 
-    deactivation, rotated = race(
+    deactivation, rotated, waited = race(
         Racer("deactivate", deactivate_user(manager, member)),
         reached,
         go,
         Racer("refresh", lambda: refresh(APIClient(), token)),
     )
+
+    assert waited, "the second did not wait for the first"
 
     assert deactivation.status_code == 200, deactivation.content
     assert rotated.status_code == 401, rotated.content
@@ -124,7 +128,7 @@ def test_a_tenant_and_one_of_its_users_deactivated_at_once_both_go_through(
     manager, member, _token = people
     reached, go = held_in("tenant", monkeypatch, "_revoke")
 
-    of_tenant, of_user = race(
+    of_tenant, of_user, _ = race(
         Racer("tenant", deactivate_tenant(tenant)),
         reached,
         go,
@@ -144,12 +148,14 @@ def test_a_login_under_way_is_waited_for_by_a_deactivation_that_then_ends_its_se
     manager, member, _token = people
     reached, go = held_in("login", monkeypatch, "_new_refresh_token")
 
-    logged_in, deactivation = race(
+    logged_in, deactivation, waited = race(
         Racer("login", lambda: login(APIClient(), member.email)),
         reached,
         go,
         Racer("deactivate", deactivate_user(manager, member)),
     )
+
+    assert waited, "the second did not wait for the first"
 
     assert deactivation.status_code == 200, deactivation.content
     # Either the login went first and its session was ended, or it was refused.
@@ -161,7 +167,7 @@ def test_a_logout_while_its_token_is_being_refreshed_ends_the_new_one_too(people
     _manager, member, token = people
     reached, go = held_in("refresh", monkeypatch, "_new_refresh_token")
 
-    rotated, logged_out = race(
+    rotated, logged_out, waited = race(
         Racer("refresh", lambda: refresh(APIClient(), token)),
         reached,
         go,
@@ -173,6 +179,36 @@ def test_a_logout_while_its_token_is_being_refreshed_ends_the_new_one_too(people
         ),
     )
 
+    assert waited, "the second did not wait for the first"
+
     assert rotated.status_code == 200, rotated.content
     assert logged_out.status_code in (200, 204), logged_out.content
     assert live_tokens(member) == []
+
+
+def test_a_registration_under_way_is_waited_for_by_its_tenants_deactivation(
+    people, tenant, monkeypatch
+):
+    manager, _member, _token = people
+    reached, go = held_in("register", monkeypatch, "publish")
+    email = "newcomer@example.com"
+
+    registered, deactivation, waited = race(
+        Racer(
+            "register",
+            lambda: client_for(manager).post(
+                "/api/v1/users",
+                {"email": email, "password": DEFAULT_PASSWORD, "full_name": "New"},
+                format="json",
+            ),
+        ),
+        reached,
+        go,
+        Racer("deactivate", deactivate_tenant(tenant)),
+    )
+
+    assert waited, "the deactivation did not wait for the registration"
+    assert registered.status_code == 201, registered.content
+    assert deactivation.status_code == 200, deactivation.content
+    refused = login(APIClient(), email)
+    assert refused.status_code == 403, refused.content
