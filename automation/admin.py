@@ -13,6 +13,8 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.forms.models import BaseInlineFormSet
 from django.utils.html import format_html
 
 from automation.models import AUTOMATION_FIELDS, MACHINE_FIELDS, Automation, Worker
@@ -74,9 +76,21 @@ class WorkerInlineForm(forms.ModelForm):
         return cleaned
 
 
+class OneWorkerFormSet(BaseInlineFormSet):
+    """Exactly one worker form, whatever the post says: Django's admin does not hold a
+    posted formset to ``min_num`` and ``max_num`` by itself, and its ``validate_min`` would
+    count a worker left as proposed (unchanged) as none."""
+
+    def clean(self) -> None:
+        super().clean()
+        if self.total_form_count() != 1:
+            raise ValidationError("An automation has exactly one worker: fill in its machine.")
+
+
 class WorkerInline(admin.StackedInline):
     model = Worker
     form = WorkerInlineForm
+    formset = OneWorkerFormSet
     fields = (
         *MACHINE_FIELDS,
         "status",

@@ -22,7 +22,14 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince
 
 from common.errors import DomainError, transaction_conflict
-from common.jsondata import PROBLEM, TOO_DEEP, unstorable_path, within_depth
+from common.jsondata import (
+    NOT_FINITE,
+    PROBLEM,
+    TOO_DEEP,
+    all_finite,
+    unstorable_path,
+    within_depth,
+)
 
 logger = logging.getLogger("hubdommed.admin")
 
@@ -137,7 +144,8 @@ def deactivate_action(description: str, deactivate: Callable[[Model, Any], Any])
     """A ``DeactivatableAdmin`` action calling ``deactivate(row, actor)`` for each selected
     row (``deactivate_each``)."""
 
-    @admin.action(description=description)
+    # Offered only to those who may change the rows: a view-only operator sees no such action.
+    @admin.action(description=description, permissions=["change"])
     def action(model_admin: DeactivatableAdmin, request, queryset: QuerySet) -> None:
         model_admin.deactivate_each(
             request,
@@ -154,7 +162,8 @@ class StorableJSONField(forms.JSONField):
     nested deeper than the API takes.
 
     JSON typed into a form is parsed here, not by the API's parser, and can spell U+0000
-    or a lone surrogate (``"\\ud800"``), or nest deeper than Python's parser can read
+    or a lone surrogate (``"\\ud800"``), a number jsonb cannot hold (``NaN``,
+    ``Infinity``, ``1e999``), or nest deeper than Python's parser can read
     (``RecursionError``, a 500): the same checks, as form errors. The field then shows the
     text as typed: re-encoding the parsed value would fail on the surrogate.
     """
@@ -168,6 +177,8 @@ class StorableJSONField(forms.JSONField):
             raise ValidationError(TOO_DEEP, code="too_deep")
         if unstorable_path(value) is not None:
             raise ValidationError(PROBLEM, code="unstorable_text")
+        if not all_finite(value):
+            raise ValidationError(NOT_FINITE, code="not_finite")
         return value
 
     def bound_data(self, data, initial):
@@ -175,7 +186,7 @@ class StorableJSONField(forms.JSONField):
             value = super().bound_data(data, initial)
         except RecursionError:
             return InvalidJSONInput(data)
-        if not within_depth(value) or unstorable_path(value) is not None:
+        if not within_depth(value) or unstorable_path(value) is not None or not all_finite(value):
             return InvalidJSONInput(data)
         return value
 

@@ -10,6 +10,7 @@ checked once, where they are parsed (``common.parsers``, ``common.middleware``).
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -44,6 +45,24 @@ def within_depth(value: Any, limit: int = MAX_DEPTH) -> bool:
         if depth > limit:
             return False
         stack.extend((child, depth + 1) for child in children)
+    return True
+
+
+NOT_FINITE = "Numbers must be finite: JSON has no NaN or Infinity."
+
+
+def all_finite(value: Any) -> bool:
+    """Whether every number in ``value`` is finite (Python's JSON reader takes ``NaN``,
+    ``Infinity`` and ``1e999``; PostgreSQL's jsonb refuses them). Iterative, as the others."""
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, float) and not math.isfinite(current):
+            return False
+        if isinstance(current, dict):
+            stack.extend(current.values())
+        elif isinstance(current, list | tuple):
+            stack.extend(current)
     return True
 
 

@@ -133,7 +133,7 @@ class RequestMetricsMiddleware:
 
 
 class UnstorableTextMiddleware:
-    """A 400 in the error format for a query string, form body or header holding U+0000.
+    """A 400 in the error format for a path, query string, form body or header holding U+0000.
 
     JSON bodies are checked by the API's parser (``common.parsers``); what Django decodes
     itself is checked here, for every view (the admin's forms and searches included).
@@ -164,6 +164,10 @@ class UnstorableTextMiddleware:
         return self.get_response(request)
 
     def _problem(self, request) -> dict | None:
+        # A path is text too: a NUL in it reaches the lookups of the pages that take an id
+        # or a key from it (the admin's change pages, the API's detail paths).
+        if unstorable_path(request.path_info) is not None:
+            return {"path": [PROBLEM]}
         for name, value in request.META.items():
             # Credentials are checked, never stored: a bad one is the authenticator's 401.
             if name == "HTTP_AUTHORIZATION":
