@@ -10,9 +10,10 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import ValidationError
-from django.db import OperationalError
+from django.db import DataError, OperationalError
 from django.db.models import Model, Q, QuerySet
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpResponseRedirect
@@ -69,7 +70,44 @@ class RefusedSavesShown:
             return HttpResponseRedirect(request.get_full_path())
 
 
-class NeverDeletedAdmin(RefusedSavesShown):
+class BadQueriesRefused:
+    """A ``ModelAdmin`` mixin: what a list's URL asks that the database cannot run, and
+    selections that name no row, are the admin's own refusals, not a 500.
+
+    - A list filters on whatever field lookup its query string names (Django's admin allows
+      any lookup on the model's own fields): ``?name__regex=(``, ``?id__range=1``, a year
+      out of range, text for an array. Such a lookup fails only when its query runs, and
+      the rows are otherwise read while the template renders, past the admin's handling of
+      bad parameters. The page's rows are read here, and a failure is Django's "bad
+      parameters" answer (``IncorrectLookupParameters``: the list again, marked so).
+    - An action over ids that are not ids of this model (``abc`` for a number, a number for
+      a UUID) is Django's "select some items" message, not a failed query.
+    """
+
+    def get_changelist_instance(self, request):
+        try:
+            changelist = super().get_changelist_instance(request)
+            len(changelist.result_list)  # read here, kept for the template
+        except (DataError, ValueError, TypeError, OverflowError, ValidationError) as exc:
+            raise IncorrectLookupParameters(exc) from exc
+        return changelist
+
+    def response_action(self, request, queryset):
+        try:
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                self.opts.pk.to_python(value)
+        except ValidationError:
+            self.message_user(
+                request,
+                "Items must be selected in order to perform actions on them. "
+                "No items have been changed.",
+                messages.WARNING,
+            )
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset)
+
+
+class NeverDeletedAdmin(BadQueriesRefused, RefusedSavesShown):
     """A ``ModelAdmin`` mixin: nothing is deleted for real, so no delete view and no action;
     and a save its service refuses is shown, not a 500 (``RefusedSavesShown``)."""
 

@@ -17,7 +17,7 @@ from datetime import datetime
 
 from django.contrib import admin, messages
 from django.db import OperationalError
-from django.http import HttpResponseRedirect
+from django.http import Http404, HttpResponseRedirect
 from django.urls import path, reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.http import urlencode
@@ -229,6 +229,10 @@ class HubAdminSite(admin.AdminSite):
         }
         return super().index(request, context)
 
+    @staticmethod
+    def _no_page_on_site(request, rest: str):
+        raise Http404("No page on the site for this row.")
+
     def admin_view(self, view, cacheable=False):
         """Every page of the site (the models' included): a transaction the database
         aborted for another's sake, anywhere in it, is a message on the page it came from,
@@ -250,6 +254,9 @@ class HubAdminSite(admin.AdminSite):
 
     def get_urls(self):
         own = [
+            # Django's "view on site" redirect: no model here has a page of its own on the
+            # site, and its lookup of the id took a UUID key's bad id for a 500.
+            path("r/<path:rest>", self._no_page_on_site),
             path(
                 "dead-letters/",
                 self.admin_view(lambda request: dead_letters_view(self, request)),

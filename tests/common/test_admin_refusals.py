@@ -1,15 +1,18 @@
 """What the admin must refuse, as a refusal and not a 500 (nor a change it may not make): an
 action a view-only operator is not allowed, a JSON number jsonb cannot hold, an automation
-posted without its worker, a NUL in a page's path."""
+posted without its worker, a NUL in a page's path, a list query the database cannot run,
+an action over ids of no row, the "view on site" redirect."""
 
 from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.contrib.contenttypes.models import ContentType
 from django.test import Client
 
 from automation.models import Automation
 from identity.models import Tenant, User
+from outbox.models import TaskRun
 from schedule.models import Schedule
 from tests.automation.test_admin import form_data
 from tests.factories import (
@@ -112,3 +115,56 @@ def test_a_nul_in_the_path_is_a_400(admin_client, path):
 
     assert response.status_code == 400
     assert list(response.json()["error"]["details"]) == ["path"]
+
+
+@pytest.mark.parametrize(
+    ("url", "query"),
+    [
+        ("/admin/identity/tenant/", {"name__regex": "("}),
+        ("/admin/identity/tenant/", {"id__range": "1"}),
+        ("/admin/identity/tenant/", {"created_at__year": "99999"}),
+        ("/admin/job/job/", {"params__regex": "("}),
+        ("/admin/webhook/webhookendpoint/", {"event_types": "abc"}),
+        ("/admin/outbox/taskrun/", {"task__regex": "("}),
+        ("/admin/webhook/webhookdelivery/", {"id__range": "1"}),
+    ],
+)
+def test_a_list_query_the_database_cannot_run_is_the_admins_bad_parameters_answer(
+    admin_client, url, query
+):
+    TenantFactory()
+
+    response = admin_client.get(url, query)
+
+    assert response.status_code == 302, response.status_code
+    assert response["Location"].endswith("?e=1")
+
+
+@pytest.mark.parametrize(
+    ("url", "action", "selected"),
+    [
+        ("/admin/identity/tenant/", "deactivate", "abc"),
+        ("/admin/identity/tenant/", "deactivate", "1.5"),
+        ("/admin/identity/tenant/", "deactivate", ""),
+        ("/admin/outbox/taskrun/", "requeue", "1"),
+    ],
+)
+def test_an_action_over_ids_of_no_row_changes_nothing(admin_client, url, action, selected):
+    tenant = TenantFactory()
+
+    response = admin_client.post(
+        url, {"action": action, "index": "0", "_selected_action": [selected]}, follow=True
+    )
+
+    assert response.status_code == 200
+    shown = [str(message) for message in response.context["messages"]]
+    assert any("Items must be selected" in message for message in shown), shown
+    assert Tenant.objects.get(pk=tenant.pk).is_active
+
+
+def test_the_view_on_site_redirect_is_a_404(admin_client):
+    run_type = ContentType.objects.get_for_model(TaskRun)
+
+    response = admin_client.get(f"/admin/r/{run_type.pk}/abc/")
+
+    assert response.status_code == 404
