@@ -8,8 +8,10 @@ events. Nothing can be deleted here; deactivation is an action.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.auth.admin import GroupAdmin as DjangoGroupAdmin
+from django.contrib.auth.models import Group
 
-from common.admin import DeactivatableAdmin, NeverDeletedAdmin, deactivate_action
+from common.admin import BadQueriesRefused, DeactivatableAdmin, NeverDeletedAdmin, deactivate_action
 from identity import services
 from identity.models import RefreshToken, Tenant, User
 
@@ -100,3 +102,13 @@ class RefreshTokenAdmin(NeverDeletedAdmin, admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+
+# Django's own admin of permission groups, with the refusals every admin of the site has
+# (``BadQueriesRefused``): a list query the database cannot run is not a 500 there either.
+admin.site.unregister(Group)
+
+
+@admin.register(Group)
+class GroupAdmin(BadQueriesRefused, DjangoGroupAdmin):
+    pass

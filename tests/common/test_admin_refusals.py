@@ -127,6 +127,7 @@ def test_a_nul_in_the_path_is_a_400(admin_client, path):
         ("/admin/webhook/webhookendpoint/", {"event_types": "abc"}),
         ("/admin/outbox/taskrun/", {"task__regex": "("}),
         ("/admin/webhook/webhookdelivery/", {"id__range": "1"}),
+        ("/admin/auth/group/", {"name__regex": "("}),
     ],
 )
 def test_a_list_query_the_database_cannot_run_is_the_admins_bad_parameters_answer(
@@ -147,6 +148,7 @@ def test_a_list_query_the_database_cannot_run_is_the_admins_bad_parameters_answe
         ("/admin/identity/tenant/", "deactivate", "1.5"),
         ("/admin/identity/tenant/", "deactivate", ""),
         ("/admin/outbox/taskrun/", "requeue", "1"),
+        ("/admin/auth/group/", "delete_selected", "abc"),
     ],
 )
 def test_an_action_over_ids_of_no_row_changes_nothing(admin_client, url, action, selected):
