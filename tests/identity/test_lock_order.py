@@ -92,7 +92,6 @@ def test_a_refresh_under_way_is_waited_for_by_a_deactivation_that_then_ends_its_
     )
 
     assert waited, "the second did not wait for the first"
-
     assert rotated.status_code == 200, rotated.content
     assert deactivation.status_code == 200, deactivation.content
     # The successor the refresh issued is revoked with the rest.
@@ -114,7 +113,6 @@ def test_a_refresh_that_comes_while_the_user_is_being_deactivated_is_refused(peo
     )
 
     assert waited, "the second did not wait for the first"
-
     assert deactivation.status_code == 200, deactivation.content
     assert rotated.status_code == 401, rotated.content
     assert rotated.json()["error"]["code"] == "invalid_refresh_token"
@@ -156,7 +154,6 @@ def test_a_login_under_way_is_waited_for_by_a_deactivation_that_then_ends_its_se
     )
 
     assert waited, "the second did not wait for the first"
-
     assert deactivation.status_code == 200, deactivation.content
     # Either the login went first and its session was ended, or it was refused.
     assert logged_in.status_code in (200, 403), logged_in.content
@@ -180,7 +177,6 @@ def test_a_logout_while_its_token_is_being_refreshed_ends_the_new_one_too(people
     )
 
     assert waited, "the second did not wait for the first"
-
     assert rotated.status_code == 200, rotated.content
     assert logged_out.status_code in (200, 204), logged_out.content
     assert live_tokens(member) == []
