@@ -72,6 +72,11 @@ PROBE_SHARE = 0.05
 # A worker that dies loses its session, and the lock with it, at once: its attempt no
 # longer counts as in flight, and its endpoint takes the next one within a second, not
 # after the attempt's whole budget.
+#
+# The lock is only ever tried, never waited for, and only by a session that holds the
+# delivery's row: one that finds it taken leaves the delivery to the attempt in flight
+# (``Outcome.STALE``). Waiting for it under the row would deadlock with that attempt's
+# record, which takes the row while the lock is held.
 ATTEMPT_LOCK_NAMESPACE = 0x776861  # "wha"
 _LOCK_KEY = "(({id}) %% 2147483648)::int4"
 # Whether the attempt of the delivery row ``{table}`` is still held by a live session.
@@ -394,6 +399,11 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
         or delivery.scheduled_run_id != run_id
     ):
         return Outcome.STALE
+    if _attempt_held_elsewhere(delivery.pk):
+        # Another holder of the run (a lease taken over from a worker that stalled) has this
+        # delivery's attempt in flight: that attempt's record decides, and nothing here may
+        # move the delivery meanwhile (parked or run again, its success would go unrecorded).
+        return Outcome.STALE
     endpoint = WebhookEndpoint.objects.get(pk=delivery.endpoint_id)
     now = timezone.now()
     if not endpoint.is_active:
@@ -431,9 +441,10 @@ def _begin(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome:
         schedule_delivery(delivery, delay=wait)
         delivery.save(update_fields=["scheduled_run_id", "next_attempt_at"])
         return Outcome.DEFERRED
+    if not _hold_attempt(delivery.pk):
+        return Outcome.STALE  # taken since: every taker holds the row first, so never
     delivery.begin_attempt(now=now)
     delivery.save(update_fields=["attempt_started_at"])
-    _hold_attempt(delivery.pk)
     return _Request(
         delivery_id=delivery.pk,
         endpoint_id=endpoint.pk,
@@ -497,12 +508,13 @@ _BEGIN_FAST = f"""
       FROM webhook_endpoints AS e
      WHERE d.id = %(delivery_id)s AND d.status = 'pending' AND d.scheduled_run_id = %(run_id)s
        AND e.id = d.endpoint_id AND e.status = 'active' AND e.answers_fast
+       AND NOT {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="d")}
        AND NOT EXISTS (
            SELECT 1 FROM webhook_deliveries AS o
             WHERE o.endpoint_id = d.endpoint_id AND o.id <> d.id{_LIVE_FAST_ATTEMPT})
  RETURNING d.body, d.message_id, d.attempts, d.endpoint_id, e.url, e.secret,
            e.previous_secret, e.previous_secret_expires_at,
-           pg_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="d.id")}),
+           pg_try_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="d.id")}),
            set_config('synchronous_commit', 'off', true)
 """  # noqa: S608 (only the module's own constants are formatted in)
 
@@ -542,7 +554,9 @@ _RECORD_FAST = f"""
 """  # noqa: S608 (only the module's own constants are formatted in)
 
 
-def _begin_fast(delivery_id: int, run_id: uuid.UUID) -> _Request | None:
+def _begin_fast(delivery_id: int, run_id: uuid.UUID) -> _Request | Outcome | None:
+    """The attempt begun the fast way; None: the whole way decides. Another holder of the
+    run with the delivery's attempt in flight leaves it to that one (``Outcome.STALE``)."""
     now = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
@@ -552,7 +566,9 @@ def _begin_fast(delivery_id: int, run_id: uuid.UUID) -> _Request | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    body, message_id, attempts, endpoint_id, url, secret, previous, expires, _, _ = row
+    body, message_id, attempts, endpoint_id, url, secret, previous, expires, held, _ = row
+    if not held:
+        return Outcome.STALE
     signer = WebhookEndpoint(
         secret=_unsealed(secret),
         previous_secret=_unsealed(previous),
@@ -631,6 +647,7 @@ _BEGIN_BATCH = f"""
          WHERE d.id IN (SELECT id FROM chosen) AND d.status = 'pending'
            AND d.scheduled_run_id = %(run_id)s
            AND e.id = d.endpoint_id AND e.status = 'active' AND e.answers_fast
+           AND NOT {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="d")}
            AND NOT EXISTS (
                SELECT 1 FROM webhook_deliveries AS o
                 WHERE o.endpoint_id = d.endpoint_id
@@ -639,7 +656,7 @@ _BEGIN_BATCH = f"""
                e.previous_secret, e.previous_secret_expires_at
     )
     SELECT begun.*,
-           pg_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="begun.id")}),
+           pg_try_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="begun.id")}),
            set_config('synchronous_commit', 'off', true)
       FROM begun
      ORDER BY begun.id
@@ -698,6 +715,8 @@ def _begin_batch(run_id: uuid.UUID, tried: list[int], size: int) -> list[_Reques
             {"run_id": run_id, "tried": tried, "size": size, **_guard_times(now)},
         )
         rows = cursor.fetchall()
+    # A delivery whose attempt another holder of the run has in flight is left to it.
+    rows = [row for row in rows if row[-2]]
     if not rows:
         return []
     _, _, _, _, endpoint_id, url, secret, previous, expires, _, _ = rows[0]
@@ -824,12 +843,28 @@ def _pending_of_run(run_id: uuid.UUID, *, lock: bool = False) -> list[WebhookDel
     return list(deliveries)
 
 
-def _hold_attempt(delivery_id: int) -> None:
+def _hold_attempt(delivery_id: int) -> bool:
+    """The attempt's lock taken on this session; False: another session holds it."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT pg_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id='%s')})",
+            f"SELECT pg_try_advisory_lock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id='%s')})",
             [delivery_id],
         )
+        return cursor.fetchone()[0]
+
+
+def _attempt_held_elsewhere(delivery_id: int) -> bool:
+    """Whether another session holds the attempt's lock now. Read under the delivery's
+    row lock, the answer holds until this transaction ends: only a holder of the row takes
+    the attempt's lock, and its holder lets it go with the row taken (the record)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+            "AND classid = %s AND objsubid = 2 AND objid = (%s %% 2147483648)::int4::oid "
+            "AND granted AND pid <> pg_backend_pid())",
+            [ATTEMPT_LOCK_NAMESPACE, delivery_id],
+        )
+        return cursor.fetchone()[0]
 
 
 def _let_go_attempt(delivery_id: int) -> None:

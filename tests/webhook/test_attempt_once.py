@@ -1,0 +1,156 @@
+"""Two holders of one run (a lease taken over from a worker that stalled, say) never make
+two attempts of one delivery at once, and never wait on each other: the second finds the
+first's attempt in flight and leaves the delivery to it.
+
+Before, the second took the delivery's row and then waited for the first's attempt lock,
+while the first, once answered, waited for that row to record its outcome: a deadlock,
+one of the two aborted, the delivery's success possibly unrecorded and sent again.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import transaction
+
+from tests.locks import Racer, until_another_waits
+from tests.polling import wait_until
+from tests.webhook.conftest import Reply
+from tests.webhook.test_delivery import complete_a_job
+from webhook import delivery as engine
+from webhook.models import WebhookDelivery, WebhookEndpoint
+from webhook.services import endpoint_disable
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def patient_receiver(receiver, webhook_settings):
+    """The first request waits until the test lets it answer; every later one at once."""
+    webhook_settings.WEBHOOK_READ_TIMEOUT = 60.0
+    webhook_settings.WEBHOOK_TIMEOUT = 60.0
+    webhook_settings.WEBHOOK_SLOW_SECONDS = 60.0
+    receiver.script(Reply(delay=60))
+    return receiver
+
+
+def attempt_lock_holders(delivery_id: int) -> int:
+    """Sessions holding the attempt lock of ``delivery_id`` now."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+            "AND objid = %s AND objsubid = 2 AND granted",
+            [engine.ATTEMPT_LOCK_NAMESPACE, delivery_id % 2**31],
+        )
+        return cursor.fetchone()[0]
+
+
+def one_run(deliveries: list[WebhookDelivery]):
+    """The deliveries scheduled on one run, as an endpoint's hand-on leaves them."""
+    with transaction.atomic():
+        run_id = engine.schedule_deliveries(deliveries, delay=None)
+        WebhookDelivery.objects.bulk_update(deliveries, ["scheduled_run_id", "next_attempt_at"])
+    return run_id
+
+
+@pytest.mark.parametrize("answers_fast", [False, True], ids=["whole-way", "fast-way"])
+def test_the_second_holder_of_a_run_leaves_a_delivery_in_flight_to_the_first(
+    patient_receiver, make_endpoint, tenant, answers_fast
+):
+    endpoint = make_endpoint(patient_receiver.url)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=answers_fast)
+    complete_a_job(tenant)
+    delivery = WebhookDelivery.objects.get()
+
+    def attempt():
+        return engine.delivery_attempt(delivery_id=delivery.pk, run_id=delivery.scheduled_run_id)
+
+    first = Racer("first", attempt).start()
+    try:
+        wait_until(patient_receiver.requests, message="the first holder's request")
+        second = Racer("second", attempt).start()
+        waited = until_another_waits(done=second.finished)
+    finally:
+        patient_receiver.release.set()
+    first_outcome = first.join()
+    second_outcome = second.join()
+
+    assert not waited, "the second holder waited on the first one's attempt"
+    assert second_outcome is engine.Outcome.STALE
+    assert first_outcome is engine.Outcome.DELIVERED
+    assert len(patient_receiver.requests()) == 1
+    delivery.refresh_from_db()
+    assert delivery.status == "delivered"
+    assert delivery.attempts == 1
+    assert delivery.attempt_started_at is None
+    assert attempt_lock_holders(delivery.pk) == 0
+
+
+def test_a_batch_of_the_second_holder_goes_round_the_delivery_in_flight(
+    patient_receiver, make_endpoint, tenant
+):
+    endpoint = make_endpoint(patient_receiver.url)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=True)
+    for _ in range(4):
+        complete_a_job(tenant)
+    deliveries = list(WebhookDelivery.objects.order_by("id"))
+    run_id = one_run(deliveries)
+    head, in_flight, *rest = deliveries
+
+    # The first holder is in the middle of the run: its second delivery's attempt awaits
+    # its answer.
+    first = Racer(
+        "first", lambda: engine.delivery_attempt(delivery_id=in_flight.pk, run_id=run_id)
+    ).start()
+    try:
+        wait_until(patient_receiver.requests, message="the first holder's request")
+        # The second holder takes the run from its head: one delivery, then a batch of the
+        # rest, the one in flight among them.
+        second = Racer(
+            "second", lambda: engine.deliveries_run(delivery_id=head.pk, run_id=run_id)
+        ).start()
+        waited = until_another_waits(done=second.finished)
+    finally:
+        patient_receiver.release.set()
+    first_outcome = first.join()
+    second_outcomes = second.join()
+
+    assert not waited, "the second holder waited on the first one's attempt"
+    assert first_outcome is engine.Outcome.DELIVERED
+    assert second_outcomes.count(engine.Outcome.DELIVERED) == 1 + len(rest)
+    sent = [request.headers["webhook-id"] for request in patient_receiver.requests()]
+    assert sorted(sent) == sorted(d.message_id for d in deliveries), "each delivery once"
+    assert set(WebhookDelivery.objects.values_list("status", flat=True)) == {"delivered"}
+    assert WebhookDelivery.objects.filter(attempt_started_at__isnull=False).count() == 0
+    for delivery in deliveries:
+        assert attempt_lock_holders(delivery.pk) == 0
+
+
+def test_the_second_holder_does_not_park_a_delivery_in_flight(
+    patient_receiver, make_endpoint, tenant, manager
+):
+    # The endpoint disabled while the first holder waits for its answer: the second holder
+    # would park the delivery (held for the enable), and the first's success would then
+    # find it moved and go unrecorded, to be sent again on the enable.
+    endpoint = make_endpoint(patient_receiver.url)
+    complete_a_job(tenant)
+    delivery = WebhookDelivery.objects.get()
+
+    def attempt():
+        return engine.delivery_attempt(delivery_id=delivery.pk, run_id=delivery.scheduled_run_id)
+
+    first = Racer("first", attempt).start()
+    try:
+        wait_until(patient_receiver.requests, message="the first holder's request")
+        endpoint_disable(tenant=tenant, endpoint_id=endpoint.pk, actor=manager)
+        second_outcome = attempt()
+    finally:
+        patient_receiver.release.set()
+    first_outcome = first.join()
+
+    assert second_outcome is engine.Outcome.STALE
+    assert first_outcome is engine.Outcome.DELIVERED
+    delivery.refresh_from_db()
+    assert delivery.status == "delivered"
+    assert len(patient_receiver.requests()) == 1
