@@ -37,6 +37,12 @@ def machine_power_on(*, automation_id: int) -> PowerOn | None:
         Worker.objects.filter(pk=worker.pk).exclude(status=Worker.Status.ONLINE).update(
             status=Worker.Status.STARTING, updated_at=timezone.now()
         )
+    else:
+        # Found running while the row said off (started from outside, a stop that did not
+        # take): up and not heard from yet, so stopped once idle if it never speaks.
+        Worker.objects.filter(pk=worker.pk, status=Worker.Status.OFFLINE).update(
+            status=Worker.Status.STARTING, updated_at=timezone.now()
+        )
     logger.info("automation %s: machine %s (%s)", automation_id, outcome, worker.provider)
     return outcome
 
@@ -101,18 +107,31 @@ def machines_stop_idle(*, idle_for: timedelta, busy_automation_ids: set[int]) ->
 
     ``busy_automation_ids`` are automations with pending or running jobs (the caller
     knows jobs; this module does not). Returns how many machines were asked to stop.
+
+    A row that says ``offline`` is a belief, and a machine can run under it (started from
+    outside the hub, a stop that did not take): such a row, written more than ``idle_for``
+    ago, is probed (one question to the provider) and its machine stopped if it runs;
+    found off, the row is touched, so the next probe comes an idle time later.
     """
-    cutoff = timezone.now() - idle_for
+    now = timezone.now()
+    cutoff = now - idle_for
+    unseen = Q(last_seen_at__lt=cutoff) | Q(last_seen_at__isnull=True)
     idle = (
         Worker.objects.select_related("automation")
         .filter(provider=Worker.Provider.EC2, is_active=True)
-        .filter(status__in=[Worker.Status.ONLINE, Worker.Status.STARTING])
-        .filter(Q(last_seen_at__lt=cutoff) | Q(last_seen_at__isnull=True, updated_at__lt=cutoff))
+        .filter(
+            Q(status__in=[Worker.Status.ONLINE, Worker.Status.STARTING])
+            & (Q(last_seen_at__lt=cutoff) | Q(last_seen_at__isnull=True, updated_at__lt=cutoff))
+            | Q(status=Worker.Status.OFFLINE, updated_at__lt=cutoff) & unseen
+        )
         .exclude(automation_id__in=busy_automation_ids)
+        .order_by("updated_at")
     )
     stopped = 0
     for worker in idle:
         provider = provider_for(worker)
+        if worker.status == Worker.Status.OFFLINE and not _runs_after_all(provider, worker):
+            continue
         try:
             provider.power_off(worker)
         except Exception:
@@ -123,5 +142,27 @@ def machines_stop_idle(*, idle_for: timedelta, busy_automation_ids: set[int]) ->
             Worker.objects.filter(pk=worker.pk).update(
                 status=Worker.Status.OFFLINE, updated_at=timezone.now()
             )
+        if worker.status == Worker.Status.OFFLINE:
+            logger.warning(
+                "automation %s: its machine ran while the hub held it off: stopped",
+                worker.automation_id,
+            )
         stopped += 1
     return stopped
+
+
+def _runs_after_all(provider, worker: Worker) -> bool:
+    """Whether the machine of a row that says ``offline`` runs. Not running, or not known
+    (the provider unreachable, the machine gone), the row is touched: asked again an idle
+    time later, not every cycle."""
+    try:
+        if provider.state(worker) == MachineState.RUNNING:
+            return True
+    except Exception:
+        logger.exception(
+            "automation %s: could not ask for its machine's state", worker.automation_id
+        )
+    Worker.objects.filter(pk=worker.pk, status=Worker.Status.OFFLINE).update(
+        updated_at=timezone.now()
+    )
+    return False
