@@ -76,7 +76,10 @@ PROBE_SHARE = 0.05
 # The lock is only ever tried, never waited for, and only by a session that holds the
 # delivery's row: one that finds it taken leaves the delivery to the attempt in flight
 # (``Outcome.STALE``). Waiting for it under the row would deadlock with that attempt's
-# record, which takes the row while the lock is held.
+# record, which takes the row while the lock is held. (The fast way's statements try it
+# after their update: one that finds it taken has also moved the attempt's start to its
+# own, which only makes that attempt look younger to the slow-receiver guard until its
+# record. Only a run with two holders at once gets there.)
 ATTEMPT_LOCK_NAMESPACE = 0x776861  # "wha"
 _LOCK_KEY = "(({id}) %% 2147483648)::int4"
 # Whether the attempt of the delivery row ``{table}`` is still held by a live session.
@@ -508,7 +511,6 @@ _BEGIN_FAST = f"""
       FROM webhook_endpoints AS e
      WHERE d.id = %(delivery_id)s AND d.status = 'pending' AND d.scheduled_run_id = %(run_id)s
        AND e.id = d.endpoint_id AND e.status = 'active' AND e.answers_fast
-       AND NOT {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="d")}
        AND NOT EXISTS (
            SELECT 1 FROM webhook_deliveries AS o
             WHERE o.endpoint_id = d.endpoint_id AND o.id <> d.id{_LIVE_FAST_ATTEMPT})
@@ -647,7 +649,6 @@ _BEGIN_BATCH = f"""
          WHERE d.id IN (SELECT id FROM chosen) AND d.status = 'pending'
            AND d.scheduled_run_id = %(run_id)s
            AND e.id = d.endpoint_id AND e.status = 'active' AND e.answers_fast
-           AND NOT {_ALIVE.format(ns=ATTEMPT_LOCK_NAMESPACE, table="d")}
            AND NOT EXISTS (
                SELECT 1 FROM webhook_deliveries AS o
                 WHERE o.endpoint_id = d.endpoint_id
