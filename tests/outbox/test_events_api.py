@@ -157,6 +157,28 @@ def test_an_event_written_out_of_id_order_within_the_skew_is_still_in_its_range(
 
 
 @pytest.mark.parametrize(
+    "bound, moment",
+    [
+        ("occurred_after", "0001-01-01T00:00:00Z"),
+        ("occurred_after", "0001-01-01T00:04:59Z"),
+        ("occurred_before", "0001-01-01T00:00:00Z"),
+        ("occurred_after", "9999-12-31T23:55:00Z"),
+        ("occurred_before", "9999-12-31T23:59:59Z"),
+    ],
+)
+def test_a_time_range_at_the_ends_of_the_calendar_is_answered(api, tenant, bound, moment):
+    # Each bound is widened by the skew to an id range: at the calendar's first or last
+    # minutes that arithmetic has no time to land on, and the widest range is meant.
+    event = record(tenant)
+
+    response = api.get(URL, {bound: moment})
+
+    assert response.status_code == 200, response.content
+    everything = (bound == "occurred_after") == moment.startswith("0001")
+    assert ids(response) == ([event.id] if everything else [])
+
+
+@pytest.mark.parametrize(
     "query, field",
     [
         ({"occurred_after": "yesterday"}, "occurred_after"),
