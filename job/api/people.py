@@ -253,6 +253,10 @@ class JobOutputFollowApi(APIView):
             raise NotFound("There is no such job.", code="job_not_found")
         if live.at_end(job, offset):
             return HttpResponse(status=status.HTTP_204_NO_CONTENT)
+        if request.method == "HEAD":
+            # No body to send: the stream's headers, without following it (the stream
+            # process would follow it for its whole time, holding the connection).
+            return _event_stream(HttpResponse(content_type="text/event-stream"))
         if isinstance(request._request, ASGIRequest):
             # The stream outlives the request's thread: its database connection is not
             # held for the stream's life (the reads have connections of their own).
@@ -260,11 +264,14 @@ class JobOutputFollowApi(APIView):
             events = live.follow(job.pk, offset)
         else:
             events = live.events_now(job, offset)
-        response = StreamingHttpResponse(events, content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        # A proxy that buffers (nginx) would hold the events back.
-        response["X-Accel-Buffering"] = "no"
-        return response
+        return _event_stream(StreamingHttpResponse(events, content_type="text/event-stream"))
+
+
+def _event_stream(response: HttpResponse | StreamingHttpResponse):
+    response["Cache-Control"] = "no-cache"
+    # A proxy that buffers (nginx) would hold the events back.
+    response["X-Accel-Buffering"] = "no"
+    return response
 
 
 class JobCancelApi(APIView):

@@ -363,3 +363,29 @@ def test_followers_of_one_job_at_one_offset_share_each_read(running, settings, m
 
     assert len(set(events)) == 1 and '"text": "one\\n"' in events[0]
     assert reads == [0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_head_request_for_a_running_jobs_stream_ends_at_once(streams, user, running):
+    # A HEAD has no body: the stream is not followed for it, and the connection takes the
+    # next request (before, the follow ran for its hour, holding the connection).
+    import socket
+
+    server = streams()
+    token = headers_of(user)["Authorization"]
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as conn:
+        conn.sendall(
+            f"HEAD {STREAM.format(id=running.pk)} HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: {token}\r\n\r\n"
+            f"GET /api/v1/me HTTP/1.1\r\nHost: x\r\nAuthorization: {token}\r\n"
+            "Connection: close\r\n\r\n".encode()
+        )
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), answer[:300]
+    assert b"text/event-stream" in head
+    assert rest.startswith(b"HTTP/1.1 200 "), answer[:600]
