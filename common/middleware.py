@@ -132,6 +132,36 @@ class RequestMetricsMiddleware:
             )
 
 
+class UnsizedBodyMiddleware:
+    """A 411 in the error format for a body sent without its length (``Transfer-Encoding:
+    chunked``, no ``Content-Length``).
+
+    Django reads a body by its ``Content-Length`` alone: without one, it reads nothing, and
+    the view would act on an empty body (a PATCH answered 200 having changed nothing, a
+    claim made without the token sent). Before anything reads the body.
+    """
+
+    METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if (
+            request.method in self.METHODS
+            and request.META.get("HTTP_TRANSFER_ENCODING")
+            and not request.META.get("CONTENT_LENGTH")
+        ):
+            return JsonResponse(
+                error_body(
+                    "length_required",
+                    "Send the body with its Content-Length: a body sent in chunks is not read.",
+                ),
+                status=411,
+            )
+        return self.get_response(request)
+
+
 class UnstorableTextMiddleware:
     """A 400 in the error format for a path, query string, form body or header holding U+0000.
 
@@ -179,8 +209,15 @@ class UnstorableTextMiddleware:
             ):
                 return {name[5:].replace("_", "-").title(): [PROBLEM]}
         sources = [request.GET]
-        if request.method == "POST" and request.content_type in self.FORM_TYPES:
-            sources.append(request.POST)  # parsed once; Django keeps it for the view
+        if (
+            request.method == "POST"
+            and request.content_type in self.FORM_TYPES
+            and not is_api_path(request.path_info)
+        ):
+            # Parsed once; Django keeps it for the view. Not under the API, which reads
+            # JSON only: its parser refuses a form (415), and a form read here would leave
+            # it a body already consumed, parsed as empty.
+            sources.append(request.POST)
         for source in sources:
             for key, values in source.lists():
                 path = unstorable_path({key: values})
@@ -203,7 +240,7 @@ _CODES = {
 
 
 def is_api_path(path: str) -> bool:
-    return path.startswith(API_PATH_PREFIXES)
+    return path.startswith(API_PATH_PREFIXES) or f"{path}/" in API_PATH_PREFIXES
 
 
 class ApiErrorMiddleware:

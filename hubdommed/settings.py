@@ -67,6 +67,8 @@ MIDDLEWARE = [
     # Serves the admin's and the API docs' static files from the application server itself
     # (WhiteNoise, its table of files read once per process).
     "common.static_files.StaticFilesMiddleware",
+    # Before anything reads a body: one sent without its length is refused, not read as empty.
+    "common.middleware.UnsizedBodyMiddleware",
     # Before anything reads the session cookie, the query string or a form.
     "common.middleware.UnstorableTextMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

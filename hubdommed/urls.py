@@ -66,6 +66,7 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),
     # The API's paths are exact: anything else under them is a 404 in the error format, for
-    # every method (no redirect to a slashed path, which a POST could not follow).
-    re_path(r"^(api|health)/", not_found_view),
+    # every method (no redirect to a slashed path, which a POST could not follow), their
+    # roots without the slash included.
+    re_path(r"^(?:api|health)(?:/|$)", not_found_view),
 ]
