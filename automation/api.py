@@ -28,7 +28,7 @@ from automation.services import (
     worker_rotate_credential,
     worker_seen,
 )
-from common.api import NeverDeleted, validated
+from common.api import NeverDeleted, PartialUpdate, validated
 from common.schema import change_schema, create_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
@@ -146,7 +146,7 @@ class AutomationCreateSerializer(serializers.Serializer):
     worker = WorkerMachineSerializer(required=False)
 
 
-class AutomationUpdateSerializer(serializers.Serializer):
+class AutomationUpdateSerializer(PartialUpdate):
     name = serializers.CharField(max_length=200, required=False)
     slug = serializers.CharField(max_length=120, required=False)
     description = serializers.CharField(required=False, allow_blank=True)

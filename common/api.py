@@ -184,6 +184,23 @@ def validated(serializer_class: type[serializers.Serializer], data) -> dict[str,
     return dict(serializer.validated_data)
 
 
+class PartialUpdate(serializers.Serializer):
+    """The body of a partial update (PATCH): every field optional, at least one given. A
+    body that names none changes nothing, so it is refused, with the fields there are and
+    the keys that were not fields (a typo of a field's name): never a 200 that did nothing."""
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if not attrs:
+            given = self.initial_data if isinstance(self.initial_data, dict) else {}
+            unknown = sorted(str(key) for key in given if key not in self.fields)
+            message = f"Give at least one of: {', '.join(self.fields)}."
+            if unknown:
+                message = f"Not fields here: {', '.join(unknown)[:200]}. {message}"
+            raise serializers.ValidationError(message)
+        return attrs
+
+
 def check_window(attrs: dict[str, Any], after: str, before: str) -> None:
     """A list filter's time window: its end (``before``) later than its start (``after``)
     when both are given, else a 400 ``invalid`` on the end."""

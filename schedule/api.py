@@ -12,7 +12,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.api import NeverDeleted, validated
+from common.api import NeverDeleted, PartialUpdate, validated
 from common.schema import change_schema, create_schema, error_response, refused_delete
 from identity.permissions import IsTenantManager, ReadForMembersWriteForManagers
 from schedule.models import Misfire, Schedule
@@ -115,7 +115,7 @@ class ScheduleCreateSerializer(serializers.Serializer):
     )
 
 
-class ScheduleUpdateSerializer(serializers.Serializer):
+class ScheduleUpdateSerializer(PartialUpdate):
     name = serializers.CharField(max_length=200, required=False, allow_blank=True)
     cron = serializers.CharField(max_length=200, required=False, help_text=CRON_HELP)
     timezone = serializers.CharField(max_length=64, required=False, help_text=TIMEZONE_HELP)

@@ -13,7 +13,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.api import NeverDeleted, validated
+from common.api import NeverDeleted, PartialUpdate, validated
 from common.schema import change_schema, create_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins
 from sector.models import Sector
@@ -48,7 +48,7 @@ class SectorCreateSerializer(serializers.Serializer):
     description = serializers.CharField(required=False, allow_blank=True, default="")
 
 
-class SectorUpdateSerializer(serializers.Serializer):
+class SectorUpdateSerializer(PartialUpdate):
     name = serializers.CharField(max_length=120, required=False)
     slug = serializers.CharField(max_length=120, required=False)
     description = serializers.CharField(required=False, allow_blank=True)

@@ -14,7 +14,7 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.api import NeverDeleted, NewestFirstCursorPagination, validated
+from common.api import NeverDeleted, NewestFirstCursorPagination, PartialUpdate, validated
 from common.schema import change_schema, create_schema, error_response, refused_delete
 from identity.permissions import IsTenantManager
 from webhook.events import TENANT_EVENT_TYPES
@@ -70,7 +70,7 @@ class EndpointCreateInput(serializers.Serializer):
     description = serializers.CharField(required=False, allow_blank=True, max_length=500)
 
 
-class EndpointUpdateInput(serializers.Serializer):
+class EndpointUpdateInput(PartialUpdate):
     url = serializers.CharField(max_length=URL_MAX_LENGTH, required=False)
     event_types = serializers.ListField(
         child=serializers.CharField(max_length=100), min_length=1, max_length=100, required=False

@@ -5,6 +5,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from common.api import PartialUpdate
 from identity.emails import normalize_email
 from identity.models import Tenant, User
 
@@ -121,14 +122,9 @@ class UserRegisterSerializer(serializers.Serializer):
     )
 
 
-class UserUpdateSerializer(serializers.Serializer):
+class UserUpdateSerializer(PartialUpdate):
     full_name = serializers.CharField(max_length=200, required=False)
     role = serializers.ChoiceField(choices=User.Role.choices, required=False)
-
-    def validate(self, attrs):
-        if not attrs:
-            raise serializers.ValidationError("Give a full_name, a role or both.")
-        return attrs
 
 
 class UserListQuerySerializer(serializers.Serializer):

@@ -154,7 +154,8 @@ def test_a_platform_admin_deactivates_a_sector(admin_api, sector, events):
 
 
 def test_a_missing_sector_is_a_404(admin_api):
-    assert admin_api.patch("/api/v1/sectors/999999", {}, format="json").status_code == 404
+    response = admin_api.patch("/api/v1/sectors/999999", {"name": "Renamed"}, format="json")
+    assert response.status_code == 404
     assert admin_api.post("/api/v1/sectors/999999/deactivate").status_code == 404
 
 
