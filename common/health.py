@@ -61,16 +61,14 @@ def check_redis(timeout: float) -> None:
 def check_broker(timeout: float) -> None:
     # The same connection settings as the relay's, with the probe's timeouts.
     if settings.BROKER == "rabbitmq":
-        import pika
-
-        from broker.rabbitmq.connection import every_node_parameters
+        from broker.rabbitmq.connection import blocking_connection, every_node_parameters
 
         # Ready while one node of the list answers (a cluster that lost one is still up).
         nodes = every_node_parameters()
         for params in nodes:
             params.socket_timeout = params.stack_timeout = timeout
             params.blocked_connection_timeout = timeout
-        pika.BlockingConnection(nodes).close()
+        blocking_connection(nodes).close()
     else:
         from broker.sqs.publisher import sqs_client
 

@@ -14,6 +14,10 @@ from urllib.parse import urlsplit
 
 import pika
 from django.conf import settings
+from pika.adapters.utils.connection_workflow import (
+    AMQPConnectionWorkflowFailed,
+    AMQPConnectorException,
+)
 
 logger = logging.getLogger("hubdommed.broker")
 
@@ -70,6 +74,19 @@ def _bounded(params: pika.URLParameters) -> pika.URLParameters:
     params.stack_timeout = CONNECT_TIMEOUT
     params.blocked_connection_timeout = ANSWER_TIMEOUT
     return params
+
+
+def blocking_connection(nodes: list[pika.URLParameters]) -> pika.BlockingConnection:
+    """``pika.BlockingConnection`` over ``nodes``, each tried in turn. Any failure to
+    connect is pika's ``AMQPConnectionError``: its connection workflow raises some outside
+    its own ``AMQPError`` family (a node that accepts the connection and never answers
+    ends in ``AMQPConnectorStackTimeout``), which the callers' handling would miss."""
+    try:
+        return pika.BlockingConnection(nodes)
+    except pika.exceptions.AMQPError:
+        raise
+    except (AMQPConnectorException, AMQPConnectionWorkflowFailed, OSError) as exc:
+        raise pika.exceptions.AMQPConnectionError(repr(exc)) from exc
 
 
 def connection_parameters(url: str | None = None) -> pika.URLParameters:

@@ -43,7 +43,7 @@ from broker.consume import (
     Delivery,
     FailureContext,
 )
-from broker.rabbitmq.connection import every_node_parameters
+from broker.rabbitmq.connection import blocking_connection, every_node_parameters
 from broker.rabbitmq.publisher import republished_properties
 from broker.rabbitmq.topology import declarations, exchange_declaration
 
@@ -99,7 +99,7 @@ class RabbitMQConsumer(Consumer):
             if settings.WORKER_RABBITMQ_HEARTBEAT:
                 params.heartbeat = settings.WORKER_RABBITMQ_HEARTBEAT
         try:
-            self._connection = pika.BlockingConnection(nodes)
+            self._connection = blocking_connection(nodes)
             self._io_thread = threading.get_ident()
             self._generation += 1
             self._unacked = set()

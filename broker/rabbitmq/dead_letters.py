@@ -5,15 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import pika
-import pika.exceptions
-
 from broker import topology
 from broker.consume import (
     DeadLetter,
     DeadLetterBox,
 )
-from broker.rabbitmq.connection import every_node_parameters
+from broker.rabbitmq.connection import blocking_connection, every_node_parameters
 from broker.rabbitmq.publisher import republished_properties
 
 
@@ -30,7 +27,7 @@ class RabbitMQDeadLetterBox(DeadLetterBox):
     when the channel closes."""
 
     def __init__(self, url: str | None = None) -> None:
-        self._connection = pika.BlockingConnection(every_node_parameters(url))
+        self._connection = blocking_connection(every_node_parameters(url))
 
     def _take(self, channel, destination: str, limit: int):
         taken = []
