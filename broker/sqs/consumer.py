@@ -38,7 +38,7 @@ from broker.consume import (
     heartbeat_interval,
     visibility_timeout,
 )
-from broker.sqs.publisher import MAX_BATCH_BYTES, SQSTransport, sqs_client
+from broker.sqs.publisher import MAX_BATCH_BYTES, TIMEOUT, SQSTransport, sqs_client
 
 logger = logging.getLogger("hubdommed.worker")
 
@@ -89,9 +89,12 @@ class SQSConsumer(Consumer):
             poller.start()
 
     def _poll_queue(self, destination: str) -> None:
-        client = sqs_client()
-        url = self._urls[destination]
         wait = min(20, settings.WORKER_SQS_WAIT_SECONDS)  # the most SQS allows
+        # A receive waits for its long poll, then for the answer like any request: given up
+        # on sooner, it would be sent again while SQS still held the first open, and what
+        # that first one took would stay hidden for its visibility.
+        client = sqs_client(read_timeout=wait + TIMEOUT)
+        url = self._urls[destination]
         try:
             while not self._stop.is_set():
                 if not self._slots.acquire(timeout=0.2):

@@ -35,15 +35,18 @@ _ALREADY_EXISTS = {
 }
 
 
-def sqs_client(*, timeout: float = TIMEOUT, attempts: int = 2) -> Any:
-    """A client for ``settings.SQS_ENDPOINT_URL`` (None: the real AWS) with short timeouts."""
+def sqs_client(
+    *, timeout: float = TIMEOUT, read_timeout: float | None = None, attempts: int = 2
+) -> Any:
+    """A client for ``settings.SQS_ENDPOINT_URL`` (None: the real AWS) with short timeouts
+    (``read_timeout``: a longer wait for an answer, as a long poll's)."""
     return boto3.client(
         "sqs",
         region_name=settings.AWS_REGION,
         endpoint_url=settings.SQS_ENDPOINT_URL,
         config=Config(
             connect_timeout=timeout,
-            read_timeout=timeout,
+            read_timeout=read_timeout or timeout,
             retries={"max_attempts": attempts, "mode": "standard"},
             max_pool_connections=10,
         ),
