@@ -67,7 +67,8 @@ class TransactionConflict(Conflict):
     """The database aborted a transaction that ran into another at the same moment (a
     deadlock, a serialization failure): nothing of it was kept, and running it again may
     well go through. A conflict for the caller to retry, not an outage (a 503) nor a bug
-    (a 500); a deadlock is still a defect of lock order, so it is logged as an error."""
+    (a 500); a deadlock is still a defect of lock order, and a lock waited for past
+    ``DB_LOCK_TIMEOUT`` a transaction that held it too long, so both are logged as errors."""
 
     code = "concurrent_change"
     default_message = (
@@ -76,12 +77,17 @@ class TransactionConflict(Conflict):
 
     def __init__(self, reason: str) -> None:
         super().__init__()
-        # What the database said: "deadlock" or "serialization failure".
+        # What the database said: "deadlock", "serialization failure" or "lock timeout".
         self.reason = reason
 
 
-# The SQLSTATEs of those aborts: deadlock_detected and serialization_failure.
-_TRANSACTION_CONFLICTS = {"40P01": "deadlock", "40001": "serialization failure"}
+# The SQLSTATEs of those aborts: deadlock_detected, serialization_failure, and
+# lock_not_available (a row lock waited for past DB_LOCK_TIMEOUT: its holder kept it).
+_TRANSACTION_CONFLICTS = {
+    "40P01": "deadlock",
+    "40001": "serialization failure",
+    "55P03": "lock timeout",
+}
 
 
 def transaction_conflict(exc: BaseException) -> TransactionConflict | None:

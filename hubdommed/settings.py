@@ -109,6 +109,18 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
     "connect_timeout", env.int("DB_CONNECT_TIMEOUT", default=5, minimum=2)
 )
+# No statement waits for a row lock longer than this (seconds; 0: as long as its holder
+# keeps it). A session that holds a lock without end (an operator's psql left in a
+# transaction, a stalled request) would otherwise stop a daemon's cycle in silence, with
+# the rows of its own transaction locked meanwhile: past it, the statement fails, the
+# transaction is rolled back and retried (a daemon's next cycle, a task's retry, an API
+# call's 409 concurrent_change), and the error names the lock. Sent as a connection
+# option: behind PgBouncer, allow it (ignore_startup_parameters) or set it to 0.
+DB_LOCK_TIMEOUT = env.int("DB_LOCK_TIMEOUT", default=30, minimum=0)
+if DB_LOCK_TIMEOUT:
+    _options = DATABASES["default"]["OPTIONS"]
+    _options["options"] = f"{_options.get('options', '')} -c lock_timeout={DB_LOCK_TIMEOUT}s"
+    _options["options"] = _options["options"].strip()
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_USER_MODEL = "identity.User"

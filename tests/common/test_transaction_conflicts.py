@@ -162,3 +162,26 @@ def test_a_daemon_cycle_aborted_by_a_deadlock_says_so_and_goes_on(other_connecti
     assert any("aborted by a deadlock" in line for line in lines), lines
     assert not any("unreachable" in line for line in lines), lines
     assert daemon.cycles == 1
+
+
+def test_a_request_that_waits_past_the_lock_timeout_is_a_409_to_try_again(
+    other_connection, admin_user, caplog
+):
+    # The row held by a session that keeps it (DB_LOCK_TIMEOUT is this one's bound; set
+    # short here, on the request's own connection, for the test's sake).
+    sector = SectorFactory(name="Before")
+    other_connection.execute(LOCK, [sector.pk])
+    with connection.cursor() as cursor:
+        cursor.execute("SET lock_timeout = '300ms'")
+    api = client_of(admin_user, raise_request_exception=False)
+    try:
+        response = api.patch(f"/api/v1/sectors/{sector.pk}", {"name": "After"}, format="json")
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+
+    assert response.status_code == 409, response.content
+    assert response.json()["error"]["code"] == "concurrent_change"
+    assert any("lock timeout" in r.getMessage() for r in caplog.records if r.levelname == "ERROR")
+    other_connection.rollback()
+    assert Sector.objects.get(pk=sector.pk).name == "Before"
