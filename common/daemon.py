@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from common.context import log_context
 from common.errors import transaction_conflict
+from common.logs import flush_now
 from lifecycle import daemon
 
 
@@ -13,6 +14,10 @@ class Daemon(daemon.Daemon):
     """``run_relay``, ``run_scheduler`` and ``watch_stuck_jobs`` subclass this one."""
 
     log_context = staticmethod(log_context)
+
+    def _stuck(self, where: str) -> None:
+        super()._stuck(where)
+        flush_now()
 
     def database_away(self, exc: Exception) -> None:
         """A transaction the database aborted for another's sake (a deadlock) is no outage:

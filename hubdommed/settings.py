@@ -214,6 +214,11 @@ OUTBOX_MAX_DELAY_SECONDS = env.int("OUTBOX_MAX_DELAY_SECONDS", default=7 * 24 * 
 QUEUES = env.list("QUEUES", default=["critical", "default", "bulk", "maintenance"])
 WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=4, minimum=1)
 WORKER_STOP_BUDGET = env.float("WORKER_STOP_BUDGET", default=30.0, minimum=0)
+# The relay, the scheduler and the monitor end their stop within this many seconds of the
+# signal, whatever they were blocked on (a database or broker that hung mid-answer): past
+# it they say where they were and leave (exit 1). Below an orchestrator's grace (compose's
+# 10 s), so that the line is written before a kill would end them in silence.
+DAEMON_STOP_SECONDS = env.float("DAEMON_STOP_SECONDS", default=8.0, minimum=1)
 # Messages the broker may hand a task worker per slot, over all the queues it consumes (the
 # process's window, docs/worker.md): deeper pays the window's two statements over more
 # runs; shallower keeps long tasks' messages free for other workers.

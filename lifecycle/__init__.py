@@ -12,11 +12,15 @@ stuck-job monitor and an automation's worker all use it. Beside it, ``lifecycle.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+import traceback
+from collections.abc import Callable, Iterable, Iterator
 
 # Longest single wait on the flag: a signal handler runs between two slices at the latest.
 WAIT_SLICE = 1.0
@@ -76,6 +80,35 @@ class Stop:
 
         for signum in signals:
             signal.signal(signum, on_signal)
+
+    @contextlib.contextmanager
+    def bounded(self, seconds: float, say: Callable[[str], None], code: int = 1) -> Iterator[None]:
+        """Within the block, a stop is over ``seconds`` after it was asked for, whatever
+        the process is blocked on (a database or broker that hung mid-answer, a call that
+        ignores the flag): past them ``say`` is told where the main thread is, and the
+        process ends there (``os._exit(code)``). What it did not finish comes back as after
+        a crash (leases, the broker's requeue): better than a stop that never ends, or one
+        an orchestrator's kill ends in silence."""
+        finished = threading.Event()
+        main = threading.main_thread()
+
+        def watch() -> None:
+            self._event.wait()
+            if finished.wait(seconds):
+                return
+            frame = sys._current_frames().get(main.ident or 0)
+            stack = traceback.extract_stack(frame)[-3:] if frame is not None else []
+            where = " < ".join(
+                f"{step.name} ({step.filename}:{step.lineno})" for step in stack[::-1]
+            )
+            say(f"still running {seconds:g} s after the stop, in {where or '?'}: leaving now")
+            os._exit(code)
+
+        threading.Thread(target=watch, name="stop-deadline", daemon=True).start()
+        try:
+            yield
+        finally:
+            finished.set()
 
 
 class Backoff:

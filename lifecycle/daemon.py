@@ -181,12 +181,16 @@ class Daemon(BaseCommand):
         previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
         self.stop.install()
         try:
-            return self.stop_line(self._handle(once=once, interval=interval))
+            with self.stop.bounded(settings.DAEMON_STOP_SECONDS, self._stuck):
+                return self.stop_line(self._handle(once=once, interval=interval))
         finally:
             # The handlers of before (under ``manage.py``, the start-up ones, which only
             # record a stop: the exit that follows stays clean; under a test, pytest's).
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    def _stuck(self, where: str) -> None:
+        self.logger.error("%s: %s (DAEMON_STOP_SECONDS)", self.name, where)
 
     def stop_line(self, summary: str) -> str:
         """The summary, for Django to print; with ``LOG_FORMAT=json`` a log record instead

@@ -24,7 +24,18 @@ class TcpProxy:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
+        # Cleared by ``freeze``: every connection stays open and nothing is forwarded.
+        self._flowing = threading.Event()
+        self._flowing.set()
         threading.Thread(target=self._accept, daemon=True).start()
+
+    def freeze(self) -> None:
+        """Forward nothing more, on any connection, and close none: the service looks hung
+        mid-answer (its host still acknowledges every packet)."""
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        self._flowing.set()
 
     def close(self) -> None:
         self._closed.set()
@@ -65,10 +76,10 @@ class TcpProxy:
         for source, sink in ((client, upstream), (upstream, client)):
             threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
+                self._flowing.wait()
                 sink.sendall(data)
         except OSError:
             pass

@@ -53,6 +53,16 @@ def _leave_now() -> None:
     os._exit(1)
 
 
+# Past its budget, a stop waits this much more for the worker's own ending (its hand-back
+# of what did not finish) before it is ended where it is blocked.
+STOP_MARGIN_SECONDS = 5.0
+
+
+def _stuck(where: str) -> None:
+    logger.error("worker: %s (WORKER_STOP_BUDGET + %g s)", where, STOP_MARGIN_SECONDS)
+    flush_now()
+
+
 class Command(BaseCommand):
     help = "Run background tasks from the given queues (default: QUEUES)."
     # No system checks at each start, as for the other daemons (lifecycle.daemon.Daemon).
@@ -124,7 +134,10 @@ class Command(BaseCommand):
             ready_file=settings.WORKER_READY_FILE or None,
         )
         self._follow_stop(worker.loop)
-        summary = worker.summary(worker.run())
+        # Past its budget and a margin the stop is over, whatever holds the process (a
+        # broker or database that hung mid-answer).
+        with self.stop.bounded(settings.WORKER_STOP_BUDGET + STOP_MARGIN_SECONDS, _stuck):
+            summary = worker.summary(worker.run())
         self._exit_now(summary)
 
     def _exit_now(self, summary: str) -> None:
