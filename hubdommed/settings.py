@@ -219,6 +219,10 @@ WORKER_STOP_BUDGET = env.float("WORKER_STOP_BUDGET", default=30.0, minimum=0)
 # it they say where they were and leave (exit 1). Below an orchestrator's grace (compose's
 # 10 s), so that the line is written before a kill would end them in silence.
 DAEMON_STOP_SECONDS = env.float("DAEMON_STOP_SECONDS", default=8.0, minimum=1)
+# A claim or group commit of the task worker's window under way this long is a database
+# that stopped answering: the worker's liveness file stops being rewritten (its health
+# check fails) until it ends. Above DB_LOCK_TIMEOUT, which bounds a statement's lock wait.
+WORKER_STALL_SECONDS = env.float("WORKER_STALL_SECONDS", default=90.0, minimum=1)
 # Messages the broker may hand a task worker per slot, over all the queues it consumes (the
 # process's window, docs/worker.md): deeper pays the window's two statements over more
 # runs; shallower keeps long tasks' messages free for other workers.

@@ -96,12 +96,40 @@ def build_task_worker(
         poll_interval=poll_interval,
         prefetch=window_for(concurrency),
         on_received=processor.received,
-        on_step=Heartbeat("worker", settings.LIVENESS_FILE).beat,
+        on_step=_WindowedBeat(Heartbeat("worker", settings.LIVENESS_FILE), processor.window),
     )
     processor.on_abandon = loop.replace_slot
     # The window hands each delivery whose run it claimed to the loop's slots.
     processor.window.hand_over = loop.hand_over
     return TaskWorker(consumer, processor, loop)
+
+
+class _WindowedBeat:
+    """The task worker's sign of life: its consume loop's turns, while its window's
+    bookkeeping also moves. A claim or a group commit under way for
+    ``WORKER_STALL_SECONDS`` (a database hung mid-answer) stops the beats, so the liveness
+    file ages and the health check fails, and is said once as an error; the beats come
+    back when it ends."""
+
+    def __init__(self, heartbeat: Heartbeat, window) -> None:
+        self.heartbeat = heartbeat
+        self.window = window
+        self._said = False
+
+    def __call__(self) -> None:
+        stalled = self.window.stalled()
+        if stalled < settings.WORKER_STALL_SECONDS:
+            if self._said:
+                logger.warning("worker: its runs' bookkeeping moves again")
+                self._said = False
+            self.heartbeat.beat()
+        elif not self._said:
+            self._said = True
+            logger.error(
+                "worker: a statement of its runs' bookkeeping has had no answer for %.0f s "
+                "(a database that stopped answering?): no more signs of life until it ends",
+                stalled,
+            )
 
 
 @dataclass

@@ -126,6 +126,9 @@ class RunWindow:
         self._closed = False
         self.claim_statements = 0
         self.commit_statements = 0
+        # When each thread's bookkeeping under way began (None: not in one): ``stalled``.
+        self._claiming_since: float | None = None
+        self._settling_since: float | None = None
 
     # -- from the consume loop's thread and the slots -------------------------------------
 
@@ -176,6 +179,16 @@ class RunWindow:
         """Deliveries received and neither taken by a slot nor settled yet."""
         with self._lock:
             return len(self._prepared)
+
+    def stalled(self) -> float:
+        """Seconds the bookkeeping longest under way has been (0: none is): a claim or a
+        group commit that does not end is a database that stopped answering mid-statement,
+        which nothing else in the worker would notice (its consume loop goes on)."""
+        now = time.monotonic()
+        return max(
+            (now - since for since in (self._claiming_since, self._settling_since) if since),
+            default=0.0,
+        )
 
     def wake(self) -> None:
         """A time limit sooner than the claiming thread's next look."""
@@ -228,8 +241,12 @@ class RunWindow:
                         else:
                             claims.append(prepared)
                 if claims:
-                    db.use()
-                    self._claim(claims)
+                    self._claiming_since = time.monotonic()
+                    try:
+                        db.use()
+                        self._claim(claims)
+                    finally:
+                        self._claiming_since = None
                 self.processor.abandon_expired()
                 db.idle()
 
@@ -244,10 +261,12 @@ class RunWindow:
                     outcomes, self._to_settle = self._to_settle, []
                     self._in_settlement += len(outcomes)
                 if outcomes:
-                    db.use()
+                    self._settling_since = time.monotonic()
                     try:
+                        db.use()
                         self._settle(outcomes)
                     finally:
+                        self._settling_since = None
                         with self._lock:
                             self._in_settlement -= len(outcomes)
                 db.idle()
