@@ -78,7 +78,8 @@ class Server:
 def stream_server(settings, logs: Path, **env: str) -> Server:
     """``uvicorn hubdommed.asgi:application``, as the Procfile's ``stream`` line runs it."""
     command = [str(BIN / "uvicorn"), "hubdommed.asgi:application", "--host", "{host}"]
-    command += ["--port", "{port}", "--no-access-log", "--timeout-graceful-shutdown", "2"]
+    command += ["--port", "{port}", "--http", "hubdommed.stream_http:JsonRefusals"]
+    command += ["--no-access-log", "--timeout-graceful-shutdown", "2"]
     return Server("stream", command, settings, logs, **env)
 
 
