@@ -21,13 +21,23 @@ from lifecycle import Stop
 DAEMONS = frozenset({"run_relay", "run_scheduler", "run_worker", "watch_stuck_jobs"})
 
 _during_startup = Stop()
+_daemon_process = False
 
 
 def catch_stop_during_startup(argv: Sequence[str]) -> None:
     """When ``argv`` starts a daemon, let SIGTERM and SIGINT only record the stop from now
     until the daemon installs its own handlers."""
+    global _daemon_process
     if len(argv) > 1 and argv[1] in DAEMONS:
+        _daemon_process = True
         _during_startup.install()
+
+
+def daemon_process() -> bool:
+    """Whether this process is a daemon that ``manage.py`` started: only then may its stop
+    end the process where it is blocked (``Stop.bounded``), never a test's that runs a
+    daemon's command in its own process."""
+    return _daemon_process
 
 
 def stopped_during_startup() -> bool:
