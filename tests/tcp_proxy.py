@@ -27,6 +27,8 @@ class TcpProxy:
         # Cleared by ``freeze``: every connection stays open and nothing is forwarded.
         self._flowing = threading.Event()
         self._flowing.set()
+        # Chunks that came while frozen (held until ``thaw``): a client waits on them.
+        self.held = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def freeze(self) -> None:
@@ -79,7 +81,10 @@ class TcpProxy:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         try:
             while data := source.recv(65536):
-                self._flowing.wait()
+                if not self._flowing.is_set():
+                    with self._lock:
+                        self.held += 1
+                    self._flowing.wait()
                 sink.sendall(data)
         except OSError:
             pass

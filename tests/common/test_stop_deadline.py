@@ -41,7 +41,8 @@ def test_the_scheduler_ends_its_stop_in_time_when_the_database_hangs(settings):
         try:
             scheduler.wait_for_line("scheduler starting", 30)
             proxy.freeze()
-            time.sleep(0.5)  # its next cycle's first statement is sent, and hangs
+            # Its next cycle's statement is sent, and hangs.
+            wait_until(lambda: proxy.held, timeout=20, message=lambda: scheduler.log)
             took = stopped_within(scheduler, 20)
         finally:
             proxy.thaw()
