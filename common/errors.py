@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from lifecycle.failures import aborted_by
+
 
 class DomainError(Exception):
     """A refused operation. ``code`` is stable and machine-readable."""
@@ -81,20 +83,8 @@ class TransactionConflict(Conflict):
         self.reason = reason
 
 
-# The SQLSTATEs of those aborts: deadlock_detected, serialization_failure, and
-# lock_not_available (a row lock waited for past DB_LOCK_TIMEOUT: its holder kept it).
-_TRANSACTION_CONFLICTS = {
-    "40P01": "deadlock",
-    "40001": "serialization failure",
-    "55P03": "lock timeout",
-}
-
-
 def transaction_conflict(exc: BaseException) -> TransactionConflict | None:
     """What to answer for a database error that aborted a transaction because of another
     one, or None for any other error (the driver's own, or Django's wrapping of it)."""
-    for error in (exc, exc.__cause__):
-        reason = _TRANSACTION_CONFLICTS.get(getattr(error, "sqlstate", None) or "")
-        if reason is not None:
-            return TransactionConflict(reason)
-    return None
+    reason = aborted_by(exc)
+    return TransactionConflict(reason) if reason is not None else None

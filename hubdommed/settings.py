@@ -16,6 +16,7 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 from common.env import Env
+from lifecycle.startup import daemon_process
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 environ.Env.read_env(BASE_DIR / ".env")  # optional; the real environment wins
@@ -109,15 +110,17 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
     "connect_timeout", env.int("DB_CONNECT_TIMEOUT", default=5, minimum=2)
 )
-# No statement waits for a row lock longer than this (seconds; 0: as long as its holder
-# keeps it). A session that holds a lock without end (an operator's psql left in a
-# transaction, a stalled request) would otherwise stop a daemon's cycle in silence, with
-# the rows of its own transaction locked meanwhile: past it, the statement fails, the
-# transaction is rolled back and retried (a daemon's next cycle, a task's retry, an API
-# call's 409 concurrent_change), and the error names the lock. Sent as a connection
-# option: behind PgBouncer, allow it (ignore_startup_parameters) or set it to 0.
+# No statement of a daemon (the relay, the worker and its tasks, the scheduler, the
+# monitor) waits for a row lock longer than this (seconds; 0: as long as its holder keeps
+# it). A session that holds a lock without end (an operator's psql left in a transaction,
+# a stalled request) would otherwise stop a daemon's cycle in silence, with the rows of its
+# own transaction locked meanwhile: past it, the statement fails, the transaction is
+# rolled back and tried again (the next cycle, the task's retry), and the error names the
+# lock. Not for the other commands: ``migrate`` builds indexes concurrently, which waits
+# for every older transaction and must not give up half-way. Sent as a connection option:
+# behind PgBouncer, allow it (ignore_startup_parameters) or set it to 0.
 DB_LOCK_TIMEOUT = env.int("DB_LOCK_TIMEOUT", default=30, minimum=0)
-if DB_LOCK_TIMEOUT:
+if DB_LOCK_TIMEOUT and daemon_process():
     _options = DATABASES["default"]["OPTIONS"]
     _options["options"] = f"{_options.get('options', '')} -c lock_timeout={DB_LOCK_TIMEOUT}s"
     _options["options"] = _options["options"].strip()

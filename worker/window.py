@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from broker.consume import Consumer, Delivery
-from lifecycle.failures import log_failure
+from lifecycle.failures import aborted_by, log_failure
 from outbox.runs import Begin, Lease, RunLedger, Started
 from worker.outcomes import Outcome
 
@@ -277,7 +277,9 @@ class RunWindow:
             self.claim_statements += 1
             try:
                 ready = self.processor.claim_window(batch)
-            except (InterfaceError, OperationalError):
+            except (InterfaceError, OperationalError) as exc:
+                if aborted_by(exc) is not None:
+                    raise  # another transaction's doing, not the connection's
                 # A connection the database dropped: once more on a new one (a claim whose
                 # answer was lost is found held by its own holder).
                 connection.close()
@@ -345,6 +347,10 @@ class RunWindow:
                     COMMIT_ATTEMPTS,
                 )
                 connection.close()
+                if aborted_by(exc) == "lock timeout":
+                    # Rows another session keeps: waiting for them again would only wait
+                    # as long once more. The messages come back later instead.
+                    return False
                 if attempt < COMMIT_ATTEMPTS:
                     time.sleep(pause)
                     pause *= 2

@@ -56,3 +56,29 @@ def test_a_lock_held_without_end_bounds_the_schedulers_wait(settings):
             )
         finally:
             scheduler.stop()
+
+
+def test_other_commands_than_the_daemons_carry_no_lock_timeout(settings):
+    # ``migrate`` builds indexes concurrently: such a build waits for every older
+    # transaction, and one given up half-way leaves an invalid index behind.
+    import subprocess
+    import sys
+
+    from django.conf import settings as django_settings
+
+    env = process_environment(settings, DB_LOCK_TIMEOUT="1")
+    show = (
+        "from django.db import connection\n"
+        "with connection.cursor() as cursor:\n"
+        "    cursor.execute('SHOW lock_timeout')\n"
+        "    print(cursor.fetchone()[0])"
+    )
+    shown = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", show],
+        cwd=django_settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert shown.stdout.strip().splitlines()[-1] == "0"

@@ -66,7 +66,7 @@ from job.monitor_metrics import (
 )
 from job.retention import BATCH_SIZE, BATCHES_PER_CALL, job_output_delete_expired
 from job.selectors import automation_ids_with_work, jobs_with_expired_lease
-from lifecycle.failures import log_failure
+from lifecycle.failures import aborted_by, log_failure
 
 logger = logging.getLogger("hubdommed.monitor")
 
@@ -207,8 +207,13 @@ class Command(Daemon):
                 break
             try:
                 settled[job_settle_lost(job_id=job_id)] += 1
-            except (OperationalError, InterfaceError):
-                raise  # the database is away: the step fails once, not once per job
+            except (OperationalError, InterfaceError) as exc:
+                if aborted_by(exc) is None:
+                    raise  # the database is away: the step fails once, not once per job
+                # Another transaction's doing (a row another session keeps): this job
+                # waits for the next cycle, the others go on.
+                self._database_away("settle_lost_jobs", exc)
+                settled["error"] += 1
             except Exception:
                 # One job that cannot be settled must not keep the others (listed after
                 # it, every cycle) from being settled.
@@ -233,10 +238,12 @@ class Command(Daemon):
                 rows = check()
             except (OperationalError, InterfaceError) as exc:
                 # The database is away: the checks after this one would only fail the same
-                # way. What the ones before repaired is still counted.
+                # way (not so for another transaction's doing). What the ones before
+                # repaired is still counted.
                 self._database_away("repair_stranded_rows", exc)
                 found.failed.append(machine)
-                break
+                if aborted_by(exc) is None:
+                    break
             except Exception:
                 # One broken check must not keep the others from finding their rows.
                 logger.exception("monitor: the %s check of stranded rows failed", machine)
@@ -301,7 +308,7 @@ class Command(Daemon):
 
     def _database_away(self, step: str, exc: Exception) -> None:
         # One line, no traceback; the next step (or cycle) starts on a new connection.
-        logger.warning("monitor step %s: database unreachable (%s)", step, exc)
+        log_failure(logger, exc, "monitor step %s", step)
         self.drop_connection()
         MONITOR_STEP_ERRORS.labels(step=step).inc()
 

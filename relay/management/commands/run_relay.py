@@ -30,6 +30,7 @@ from common.context import log_context
 from common.daemon import Daemon
 from common.metrics import Heartbeat, serve_metrics
 from lifecycle import Backoff, conditions
+from lifecycle.failures import aborted_by
 from outbox.metrics import OutboxBacklogCollector
 from relay import metrics
 from relay.engine import OUTAGE_BACKOFF_FIRST, OUTAGE_BACKOFF_MAX, OutboxRelay
@@ -165,7 +166,11 @@ class Command(Daemon):
 
     def database_away(self, exc: Exception) -> None:
         """The database went away (or dropped this connection): one line, no traceback:
-        an outage is expected, and the next pass reconnects."""
+        an outage is expected, and the next pass reconnects. A transaction another ended
+        (a deadlock, a lock timeout) is no outage: said as what it is, no backoff."""
+        if aborted_by(exc) is not None:
+            super().database_away(exc)
+            return
         self._database.failed()
         self.drop_connection()
         logger.warning(
