@@ -198,6 +198,15 @@ def jobs_with_expired_lease(*, now: datetime, limit: int = 1000) -> list[int]:
     )
 
 
+def automation_has_work(automation_id: int) -> bool:
+    """Whether the automation has a pending or running job now (each status through its
+    own partial index, as ``automation_ids_with_work``)."""
+    return any(
+        Job.objects.filter(automation_id=automation_id, status=status).exists()
+        for status in (JobStatus.PENDING, JobStatus.RUNNING)
+    )
+
+
 def automation_ids_with_work() -> set[int]:
     """Automations with a pending or running job: their machines must stay up.
 

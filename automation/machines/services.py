@@ -7,6 +7,7 @@ other systems (a process table, AWS) and may be slow.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import transaction
@@ -18,6 +19,10 @@ from automation.models import Worker
 from automation.services import worker_rotate_credential
 
 logger = logging.getLogger("hubdommed.machines")
+
+# Machines one sweep looks at, at most (each may cost the provider a question or two):
+# what is left waits for the next cycle.
+STOP_IDLE_LIMIT = 50
 
 
 def machine_power_on(*, automation_id: int) -> PowerOn | None:
@@ -102,16 +107,27 @@ def _credential_issuer(provider, worker: Worker):
     return issue_credential
 
 
-def machines_stop_idle(*, idle_for: timedelta, busy_automation_ids: set[int]) -> int:
+def machines_stop_idle(
+    *,
+    idle_for: timedelta,
+    busy_automation_ids: set[int],
+    has_work: Callable[[int], bool] = lambda automation_id: False,
+    stopping: Callable[[], bool] = lambda: False,
+) -> int:
     """Stop the ``ec2`` machines not seen for ``idle_for`` whose automation has no work.
 
-    ``busy_automation_ids`` are automations with pending or running jobs (the caller
-    knows jobs; this module does not). Returns how many machines were asked to stop.
+    ``busy_automation_ids`` are automations with pending or running jobs, and ``has_work``
+    asks again for one automation right before its machine is stopped, since a job may
+    have come (and powered it on) while the sweep went round (the caller knows jobs; this
+    module does not). ``stopping``: the sweep ends between two machines when it says so.
+    Returns how many machines were asked to stop.
 
-    A row that says ``offline`` is a belief, and a machine can run under it (started from
-    outside the hub, a stop that did not take): such a row, written more than ``idle_for``
-    ago, is probed (one question to the provider) and its machine stopped if it runs;
-    found off, the row is touched, so the next probe comes an idle time later.
+    A ``starting`` machine's idle time counts from its power-on (the row's last write), a
+    seen one's from when it was last seen. A row that says ``offline`` is a belief, and a
+    machine can run under it (started from outside the hub, a stop that did not take):
+    such a row, written more than ``idle_for`` ago, is probed (one question to the
+    provider) and its machine stopped if it runs; found off, the row is touched, so the
+    next probe comes an idle time later.
     """
     now = timezone.now()
     cutoff = now - idle_for
@@ -120,18 +136,23 @@ def machines_stop_idle(*, idle_for: timedelta, busy_automation_ids: set[int]) ->
         Worker.objects.select_related("automation")
         .filter(provider=Worker.Provider.EC2, is_active=True)
         .filter(
-            Q(status__in=[Worker.Status.ONLINE, Worker.Status.STARTING])
+            Q(status=Worker.Status.ONLINE)
             & (Q(last_seen_at__lt=cutoff) | Q(last_seen_at__isnull=True, updated_at__lt=cutoff))
-            | Q(status=Worker.Status.OFFLINE, updated_at__lt=cutoff) & unseen
+            | Q(status__in=[Worker.Status.STARTING, Worker.Status.OFFLINE], updated_at__lt=cutoff)
+            & unseen
         )
         .exclude(automation_id__in=busy_automation_ids)
         .order_by("updated_at")
     )
     stopped = 0
-    for worker in idle:
+    for worker in idle[:STOP_IDLE_LIMIT]:
+        if stopping():
+            break
         provider = provider_for(worker)
         if worker.status == Worker.Status.OFFLINE and not _runs_after_all(provider, worker):
             continue
+        if has_work(worker.automation_id):
+            continue  # a job came meanwhile: its power-on is on its way
         try:
             provider.power_off(worker)
         except Exception:
@@ -139,7 +160,8 @@ def machines_stop_idle(*, idle_for: timedelta, busy_automation_ids: set[int]) ->
             logger.exception("automation %s: could not stop its machine", worker.automation_id)
             continue
         with transaction.atomic():
-            Worker.objects.filter(pk=worker.pk).update(
+            # Unless a power-on wrote the row meanwhile (it starts the machine again).
+            Worker.objects.filter(pk=worker.pk, status=worker.status).update(
                 status=Worker.Status.OFFLINE, updated_at=timezone.now()
             )
         if worker.status == Worker.Status.OFFLINE:

@@ -144,6 +144,34 @@ def test_the_power_on_of_a_machine_found_running_starts_the_idle_clock(
     found_running.refresh_from_db()
     assert found_running.status == "starting"
 
+    # Its idle time counts from the power-on, not from when it was last seen.
+    assert monitor.stop_idle_machines() == 0
+    assert stop_calls == []
+    Worker.objects.filter(pk=found_running.pk).update(
+        updated_at=timezone.now() - timedelta(minutes=20)
+    )
+    assert monitor.stop_idle_machines() == 1
+
+
+def test_a_job_that_comes_during_the_sweep_keeps_its_machine_up(
+    monitor, ec2, machine, stop_calls, monkeypatch
+):
+    from automation.machines import services
+
+    idle = machine(minutes=60)
+    real = services._runs_after_all
+
+    def a_job_comes_meanwhile(provider, worker):
+        JobFactory(automation=worker.automation)
+        return real(provider, worker)
+
+    believed_off(idle, minutes=20)
+    monkeypatch.setattr(services, "_runs_after_all", a_job_comes_meanwhile)
+
+    assert monitor.stop_idle_machines() == 0
+    assert stop_calls == []
+    assert state_of(ec2, idle) == "running"
+
 
 def test_an_offline_row_whose_machine_is_gone_is_asked_about_an_idle_time_later(
     monitor, ec2, machine, stop_calls, caplog

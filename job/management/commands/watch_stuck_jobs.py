@@ -65,7 +65,7 @@ from job.monitor_metrics import (
     STRANDED_UNREPAIRED,
 )
 from job.retention import BATCH_SIZE, BATCHES_PER_CALL, job_output_delete_expired
-from job.selectors import automation_ids_with_work, jobs_with_expired_lease
+from job.selectors import automation_has_work, automation_ids_with_work, jobs_with_expired_lease
 from lifecycle.failures import aborted_by, log_failure
 
 logger = logging.getLogger("hubdommed.monitor")
@@ -226,6 +226,8 @@ class Command(Daemon):
         return machines_stop_idle(
             idle_for=timedelta(seconds=settings.MONITOR_EC2_IDLE_SECONDS),
             busy_automation_ids=automation_ids_with_work(),
+            has_work=automation_has_work,
+            stopping=lambda: self.shutdown,
         )
 
     def repair_stranded_rows(self) -> StrandedCounts:
