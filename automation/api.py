@@ -120,7 +120,7 @@ class WorkerMachineSerializer(serializers.Serializer):
     region = serializers.CharField(max_length=64, allow_blank=True, default="")
 
 
-class WorkerMachineUpdateSerializer(serializers.Serializer):
+class WorkerMachineUpdateSerializer(PartialUpdate):
     provider = serializers.ChoiceField(choices=Worker.Provider.choices, required=False)
     machine_id = serializers.CharField(max_length=200, allow_blank=True, required=False)
     region = serializers.CharField(max_length=64, allow_blank=True, required=False)

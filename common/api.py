@@ -189,10 +189,15 @@ class PartialUpdate(serializers.Serializer):
     body that names none changes nothing, so it is refused, with the fields there are and
     the keys that were not fields (a typo of a field's name): never a 200 that did nothing."""
 
+    def to_internal_value(self, data):
+        # The keys given, for ``validate`` (a nested one has no ``initial_data``).
+        self._given = list(data) if isinstance(data, dict) else []
+        return super().to_internal_value(data)
+
     def validate(self, attrs):
         attrs = super().validate(attrs)
         if not attrs:
-            given = self.initial_data if isinstance(self.initial_data, dict) else {}
+            given = getattr(self, "_given", [])
             unknown = sorted(str(key) for key in given if key not in self.fields)
             message = f"Give at least one of: {', '.join(self.fields)}."
             if unknown:

@@ -90,3 +90,13 @@ def test_a_patch_with_a_known_field_is_applied(world, resource):
 
     assert response.status_code == 200, response.content
     assert response.json()[field] == "renamed"
+
+
+@pytest.mark.parametrize("body", [{"worker": {}}, {"worker": {"machineid": "i-typo"}}])
+def test_a_nested_part_that_names_no_field_is_a_400(world, body):
+    path, person = world["automations"]
+
+    response = patch(path, person, body)
+
+    assert response.status_code == 400, response.content
+    assert "worker" in response.json()["error"]["details"]
