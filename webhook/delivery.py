@@ -82,11 +82,28 @@ PROBE_SHARE = 0.05
 # record. Only a run with two holders at once gets there.)
 ATTEMPT_LOCK_NAMESPACE = 0x776861  # "wha"
 _LOCK_KEY = "(({id}) %% 2147483648)::int4"
+# An attempt's lock, held by a session of this database (advisory locks are the
+# database's own: another database on the same server may hold the same keys).
+_HELD = (
+    "locktype = 'advisory' AND classid = {ns} AND objsubid = 2 AND granted "
+    "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
 # Whether the attempt of the delivery row ``{table}`` is still held by a live session.
 _ALIVE = (
-    "EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = {ns} "
-    "AND objsubid = 2 AND objid = ({table}.id %% 2147483648)::int4::oid AND granted)"
+    "EXISTS (SELECT 1 FROM pg_locks WHERE "  # noqa: S608 (the module's own constants)
+    + _HELD
+    + " AND objid = ({table}.id %% 2147483648)::int4::oid)"
 )
+# Which of the deliveries given (one, or an array of them) another session attempts now.
+_ONE_HELD_ELSEWHERE = f"""
+    SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {_HELD.format(ns=ATTEMPT_LOCK_NAMESPACE)}
+                      AND objid = (%s %% 2147483648)::int4::oid AND pid <> pg_backend_pid())
+"""  # noqa: S608 (only the module's own constants are formatted in)
+_HELD_ELSEWHERE = f"""
+    SELECT d FROM unnest(%s::bigint[]) AS d
+     WHERE EXISTS (SELECT 1 FROM pg_locks WHERE {_HELD.format(ns=ATTEMPT_LOCK_NAMESPACE)}
+                      AND objid = (d %% 2147483648)::int4::oid AND pid <> pg_backend_pid())
+"""  # noqa: S608 (only the module's own constants are formatted in)
 
 
 # --- a delivery's run ---------------------------------------------------------------------
@@ -239,12 +256,10 @@ def _step(delivery_id: int, run_id: uuid.UUID, *, tried: list[int], durable: boo
                     next_known=True,
                     unflushed=None if waited else request.delivery_id,
                 )
+        try:
             outcome = _record(request, run_id, started_at, answer)
-        else:
-            try:
-                outcome = _record(request, run_id, started_at, answer)
-            finally:
-                _let_go_attempt(request.delivery_id)
+        finally:
+            _let_go_attempt(request.delivery_id)
     return _Done([outcome], goes_on=outcome is Outcome.DELIVERED and _fast(answer))
 
 
@@ -297,9 +312,12 @@ def _batch(
                 outcomes.append(Outcome.DELIVERED)
             else:
                 # Not recorded with the others (parked deliveries to take up, a failure
-                # recorded meanwhile): the whole way decides.
+                # recorded meanwhile): the whole way decides, its attempt held until then.
                 whole_way = True
-                outcomes.append(_record(request, run_id, started_at, answer))
+                try:
+                    outcomes.append(_record(request, run_id, started_at, answer))
+                finally:
+                    _let_go_attempt(request.delivery_id)
     if stop is not None:
         request, started_at, answer = stop
         with log_context(job_id=_job_id_of(request.body)):
@@ -523,7 +541,8 @@ _BEGIN_FAST = f"""
 # FOR SHARE on the endpoint: a failure's outcome (FOR NO KEY UPDATE) decides before or
 # after this success, never beside it; an endpoint found failing, slow, disabled or with
 # parked deliveries to take up is left to the whole way. The lock of the attempt is let go
-# in the same statement, whatever it finds, and the run's next delivery is looked up. A
+# in the same statement once the success is recorded (else after the whole way's record:
+# never while the delivery is pending), and the run's next delivery is looked up. A
 # success that is not its run's last commits without waiting for the disk: the run's last
 # outcome (or its hand-on, or ``_flush``) waits for it, and so makes every earlier one
 # durable too (the log is written in order), before the run is marked done.
@@ -547,7 +566,8 @@ _RECORD_FAST = f"""
      RETURNING delivery_id
     )
     SELECT recorded, next.id,
-           pg_advisory_unlock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="%(delivery_id)s")}),
+           CASE WHEN recorded > 0 THEN pg_advisory_unlock(
+               {ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="%(delivery_id)s")}) END,
            set_config('synchronous_commit',
                       CASE WHEN %(durable)s OR next.id IS NULL OR recorded = 0
                            THEN 'on' ELSE 'off' END, true)
@@ -607,7 +627,7 @@ def _record_fast(
     """Record a fast success in one statement (autocommit), with the run's next delivery
     (not in ``tried``): that next one's id, and whether the commit waited for the disk
     (``durable``, or the run's last). None: the whole way must decide (the attempt's lock
-    is let go either way)."""
+    still held: the caller lets it go after that record)."""
     with connection.cursor() as cursor:
         cursor.execute(
             _RECORD_FAST,
@@ -666,8 +686,9 @@ _BEGIN_BATCH = f"""
 # The fast successes of a batch recorded in one statement, as ``_RECORD_FAST`` records one
 # (none, if its endpoint is found failing, slow, disabled or with parked deliveries: each
 # then goes the whole way); the batch's deliveries not sent are let go (no longer in
-# flight), every liveness lock of the batch but the one of an answer still to record is
-# let go, and the run's next delivery is looked up. Durable only when the run has no next.
+# flight), the liveness locks of the recorded and the unsent are let go (the others' after
+# their record the whole way), and the run's next delivery is looked up. Durable only when
+# the run has no next.
 _RECORD_BATCH = f"""
     WITH {_ENDPOINT_STILL_FAST}, outcome AS (
         SELECT * FROM unnest(%(ids)s::bigint[], %(numbers)s::int[], %(started)s::timestamptz[],
@@ -698,7 +719,7 @@ _RECORD_BATCH = f"""
     )
     SELECT recorded, next.id,
            (SELECT count(pg_advisory_unlock({ATTEMPT_LOCK_NAMESPACE}, {_LOCK_KEY.format(id="x")}))
-              FROM unnest(%(ids)s::bigint[] || %(unsent)s::bigint[]) AS x),
+              FROM unnest(outcome.recorded || %(unsent)s::bigint[]) AS x),
            (SELECT count(*) FROM unsent),
            set_config('synchronous_commit',
                       CASE WHEN next.id IS NULL OR cardinality(recorded) = 0
@@ -810,6 +831,10 @@ def _hand_on(run_id: uuid.UUID) -> bool:
         rest = {delivery.pk: delivery for delivery in _pending_of_run(run_id, lock=True)}
         while more := [d for d in _pending_of_run(run_id, lock=True) if d.pk not in rest]:
             rest.update((delivery.pk, delivery) for delivery in more)
+        # One whose attempt another holder of the run has in flight is left to that
+        # attempt's record (moved now, its success would go unrecorded and be sent again).
+        for pk in _held_elsewhere(list(rest)):
+            del rest[pk]
         if not rest:
             return False
         deliveries = sorted(rest.values(), key=lambda delivery: delivery.pk)
@@ -859,13 +884,18 @@ def _attempt_held_elsewhere(delivery_id: int) -> bool:
     row lock, the answer holds until this transaction ends: only a holder of the row takes
     the attempt's lock, and its holder lets it go with the row taken (the record)."""
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
-            "AND classid = %s AND objsubid = 2 AND objid = (%s %% 2147483648)::int4::oid "
-            "AND granted AND pid <> pg_backend_pid())",
-            [ATTEMPT_LOCK_NAMESPACE, delivery_id],
-        )
+        cursor.execute(_ONE_HELD_ELSEWHERE, [delivery_id])
         return cursor.fetchone()[0]
+
+
+def _held_elsewhere(delivery_ids: list[int]) -> set[int]:
+    """Those of ``delivery_ids`` whose attempt's lock another session holds now (read under
+    their row locks: see ``_attempt_held_elsewhere``)."""
+    if not delivery_ids:
+        return set()
+    with connection.cursor() as cursor:
+        cursor.execute(_HELD_ELSEWHERE, [delivery_ids])
+        return {row[0] for row in cursor.fetchall()}
 
 
 def _let_go_attempt(delivery_id: int) -> None:

@@ -9,6 +9,8 @@ one of the two aborted, the delivery's success possibly unrecorded and sent agai
 
 from __future__ import annotations
 
+from time import monotonic
+
 import pytest
 from django.db import transaction
 
@@ -40,6 +42,7 @@ def attempt_lock_holders(delivery_id: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = %s "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "AND objid = %s AND objsubid = 2 AND granted",
             [engine.ATTEMPT_LOCK_NAMESPACE, delivery_id % 2**31],
         )
@@ -154,3 +157,64 @@ def test_the_second_holder_does_not_park_a_delivery_in_flight(
     delivery.refresh_from_db()
     assert delivery.status == "delivered"
     assert len(patient_receiver.requests()) == 1
+
+
+@pytest.mark.parametrize("answers_fast", [True, False], ids=["fast-way", "whole-way"])
+def test_the_second_holder_stopping_short_does_not_move_a_delivery_in_flight(
+    patient_receiver, make_endpoint, tenant, answers_fast
+):
+    # The second holder's time is spent at once (a deadline past): it hands the run's rest
+    # on, which would reschedule the delivery the first has in flight, and the first's
+    # success would then find it moved, unrecorded, to be sent again.
+    endpoint = make_endpoint(patient_receiver.url)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=answers_fast)
+    for _ in range(2):
+        complete_a_job(tenant)
+    deliveries = list(WebhookDelivery.objects.order_by("id"))
+    run_id = one_run(deliveries)
+    in_flight, other = deliveries
+
+    first = Racer(
+        "first", lambda: engine.delivery_attempt(delivery_id=in_flight.pk, run_id=run_id)
+    ).start()
+    try:
+        wait_until(patient_receiver.requests, message="the first holder's request")
+        engine.deliveries_run(delivery_id=in_flight.pk, run_id=run_id, deadline=monotonic() - 1)
+        assert WebhookDelivery.objects.get(pk=in_flight.pk).scheduled_run_id == run_id
+    finally:
+        patient_receiver.release.set()
+    first_outcome = first.join()
+
+    assert first_outcome is engine.Outcome.DELIVERED
+    in_flight.refresh_from_db()
+    assert in_flight.status == "delivered"
+    other.refresh_from_db()
+    assert other.status == "pending" and other.scheduled_run_id not in (None, run_id)
+    assert [r.headers["webhook-id"] for r in patient_receiver.requests()] == [in_flight.message_id]
+
+
+@pytest.mark.parametrize("answers_fast", [True, False], ids=["fast-way", "whole-way"])
+def test_the_same_lock_key_held_in_another_database_is_no_attempt_in_flight(
+    receiver, make_endpoint, tenant, answers_fast
+):
+    # Advisory locks are each database's own: a hub database beside this one on the same
+    # server (a staging one, a test run's) holding the same key holds nothing of ours.
+    import psycopg
+    from django.db import connection as ours
+
+    endpoint = make_endpoint(receiver.url)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=answers_fast)
+    complete_a_job(tenant)
+    delivery = WebhookDelivery.objects.get()
+    params = ours.settings_dict
+    with psycopg.connect(
+        dbname="postgres", host=params["HOST"], port=params["PORT"] or 5432, user=params["USER"]
+    ) as elsewhere:
+        elsewhere.execute(
+            "SELECT pg_advisory_lock(%s, %s)",
+            [engine.ATTEMPT_LOCK_NAMESPACE, delivery.pk % 2**31],
+        )
+        outcome = engine.delivery_attempt(delivery_id=delivery.pk, run_id=delivery.scheduled_run_id)
+
+    assert outcome is engine.Outcome.DELIVERED
+    assert len(receiver.requests()) == 1
