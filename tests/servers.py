@@ -75,6 +75,18 @@ class Server:
         )
 
 
+def exchange(server: Server, request: bytes) -> tuple[bytes, bytes]:
+    """Send ``request`` as raw bytes (what a client library would not send) and read the
+    answer until the server closes: (its head, its body)."""
+    with socket.create_connection((HOST, server.port), timeout=20) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head, body
+
+
 def stream_server(settings, logs: Path, **env: str) -> Server:
     """``uvicorn hubdommed.asgi:application``, as the Procfile's ``stream`` line runs it."""
     command = [str(BIN / "uvicorn"), "hubdommed.asgi:application", "--host", "{host}"]

@@ -5,11 +5,10 @@ a body by its Content-Length alone, so without this the view saw an empty body."
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
-from tests.servers import api_server, stop_all, stream_server
+from tests.servers import api_server, exchange, stop_all, stream_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -25,18 +24,11 @@ def servers(tmp_path_factory, django_db_setup, django_db_blocker):
 
 
 def send_chunked(server, path: str, body: bytes) -> tuple[bytes, bytes]:
-    host, port = server.url.removeprefix("http://").split(":")
     request = (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
     ).encode() + b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-    with socket.create_connection((host, int(port)), timeout=20) as conn:
-        conn.sendall(request)
-        answer = b""
-        while chunk := conn.recv(65536):
-            answer += chunk
-    head, _, rest = answer.partition(b"\r\n\r\n")
-    return head, rest
+    return exchange(server, request)
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["gunicorn", "uvicorn"])

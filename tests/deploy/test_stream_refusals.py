@@ -5,11 +5,10 @@ the Procfile starts it."""
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 
-from tests.servers import stream_server
+from tests.servers import exchange, stream_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -23,17 +22,6 @@ def server(tmp_path_factory, django_db_setup, django_db_blocker):
     started.stop()
 
 
-def answer_to(server, request: bytes) -> tuple[bytes, bytes]:
-    host, port = server.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=20) as conn:
-        conn.sendall(request)
-        answer = b""
-        while chunk := conn.recv(65536):
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    return head, body
-
-
 @pytest.mark.parametrize(
     "request_bytes",
     [
@@ -44,7 +32,7 @@ def answer_to(server, request: bytes) -> tuple[bytes, bytes]:
     ids=["nul-in-header", "byte-in-path", "bad-length"],
 )
 def test_a_request_uvicorn_cannot_parse_is_a_json_400(server, request_bytes):
-    head, body = answer_to(server, request_bytes)
+    head, body = exchange(server, request_bytes)
 
     assert head.startswith(b"HTTP/1.1 400 "), head + body
     assert b"content-type: application/json" in head.lower()

@@ -9,6 +9,8 @@ one of the two aborted, the delivery's success possibly unrecorded and sent agai
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from time import monotonic
 
 import pytest
@@ -57,25 +59,49 @@ def one_run(deliveries: list[WebhookDelivery]):
     return run_id
 
 
+def deliveries_on_one_run(make_endpoint, receiver, tenant, *, count: int, answers_fast: bool):
+    """``count`` deliveries to an endpoint of ``receiver``, on one run: (them, the run)."""
+    endpoint = make_endpoint(receiver.url)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=answers_fast)
+    for _ in range(count):
+        complete_a_job(tenant)
+    deliveries = list(WebhookDelivery.objects.order_by("id"))
+    return deliveries, one_run(deliveries)
+
+
+@contextlib.contextmanager
+def first_holder(receiver, attempt) -> Iterator[Racer]:
+    """The first holder's ``attempt`` in a thread of its own, its request held at the
+    receiver for the block's time and answered at its end (join it after)."""
+    first = Racer("first", attempt).start()
+    try:
+        wait_until(receiver.requests, message="the first holder's request")
+        yield first
+    finally:
+        receiver.release.set()
+
+
+def one_delivery(make_endpoint, receiver, tenant, *, answers_fast: bool | None = None):
+    """An endpoint of ``receiver`` (answering fast, or not, when said) and one delivery."""
+    endpoint = make_endpoint(receiver.url)
+    if answers_fast is not None:
+        WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=answers_fast)
+    complete_a_job(tenant)
+    return endpoint, WebhookDelivery.objects.get()
+
+
 @pytest.mark.parametrize("answers_fast", [False, True], ids=["whole-way", "fast-way"])
 def test_the_second_holder_of_a_run_leaves_a_delivery_in_flight_to_the_first(
     patient_receiver, make_endpoint, tenant, answers_fast
 ):
-    endpoint = make_endpoint(patient_receiver.url)
-    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=answers_fast)
-    complete_a_job(tenant)
-    delivery = WebhookDelivery.objects.get()
+    _, delivery = one_delivery(make_endpoint, patient_receiver, tenant, answers_fast=answers_fast)
 
     def attempt():
         return engine.delivery_attempt(delivery_id=delivery.pk, run_id=delivery.scheduled_run_id)
 
-    first = Racer("first", attempt).start()
-    try:
-        wait_until(patient_receiver.requests, message="the first holder's request")
+    with first_holder(patient_receiver, attempt) as first:
         second = Racer("second", attempt).start()
         waited = until_another_waits(done=second.finished)
-    finally:
-        patient_receiver.release.set()
     first_outcome = first.join()
     second_outcome = second.join()
 
@@ -93,29 +119,23 @@ def test_the_second_holder_of_a_run_leaves_a_delivery_in_flight_to_the_first(
 def test_a_batch_of_the_second_holder_goes_round_the_delivery_in_flight(
     patient_receiver, make_endpoint, tenant
 ):
-    endpoint = make_endpoint(patient_receiver.url)
-    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=True)
-    for _ in range(4):
-        complete_a_job(tenant)
-    deliveries = list(WebhookDelivery.objects.order_by("id"))
-    run_id = one_run(deliveries)
+    deliveries, run_id = deliveries_on_one_run(
+        make_endpoint, patient_receiver, tenant, count=4, answers_fast=True
+    )
     head, in_flight, *rest = deliveries
 
     # The first holder is in the middle of the run: its second delivery's attempt awaits
     # its answer.
-    first = Racer(
-        "first", lambda: engine.delivery_attempt(delivery_id=in_flight.pk, run_id=run_id)
-    ).start()
-    try:
-        wait_until(patient_receiver.requests, message="the first holder's request")
+    def attempt():
+        return engine.delivery_attempt(delivery_id=in_flight.pk, run_id=run_id)
+
+    with first_holder(patient_receiver, attempt) as first:
         # The second holder takes the run from its head: one delivery, then a batch of the
         # rest, the one in flight among them.
         second = Racer(
             "second", lambda: engine.deliveries_run(delivery_id=head.pk, run_id=run_id)
         ).start()
         waited = until_another_waits(done=second.finished)
-    finally:
-        patient_receiver.release.set()
     first_outcome = first.join()
     second_outcomes = second.join()
 
@@ -136,20 +156,14 @@ def test_the_second_holder_does_not_park_a_delivery_in_flight(
     # The endpoint disabled while the first holder waits for its answer: the second holder
     # would park the delivery (held for the enable), and the first's success would then
     # find it moved and go unrecorded, to be sent again on the enable.
-    endpoint = make_endpoint(patient_receiver.url)
-    complete_a_job(tenant)
-    delivery = WebhookDelivery.objects.get()
+    endpoint, delivery = one_delivery(make_endpoint, patient_receiver, tenant)
 
     def attempt():
         return engine.delivery_attempt(delivery_id=delivery.pk, run_id=delivery.scheduled_run_id)
 
-    first = Racer("first", attempt).start()
-    try:
-        wait_until(patient_receiver.requests, message="the first holder's request")
+    with first_holder(patient_receiver, attempt) as first:
         endpoint_disable(tenant=tenant, endpoint_id=endpoint.pk, actor=manager)
         second_outcome = attempt()
-    finally:
-        patient_receiver.release.set()
     first_outcome = first.join()
 
     assert second_outcome is engine.Outcome.STALE
@@ -166,23 +180,17 @@ def test_the_second_holder_stopping_short_does_not_move_a_delivery_in_flight(
     # The second holder's time is spent at once (a deadline past): it hands the run's rest
     # on, which would reschedule the delivery the first has in flight, and the first's
     # success would then find it moved, unrecorded, to be sent again.
-    endpoint = make_endpoint(patient_receiver.url)
-    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(answers_fast=answers_fast)
-    for _ in range(2):
-        complete_a_job(tenant)
-    deliveries = list(WebhookDelivery.objects.order_by("id"))
-    run_id = one_run(deliveries)
+    deliveries, run_id = deliveries_on_one_run(
+        make_endpoint, patient_receiver, tenant, count=2, answers_fast=answers_fast
+    )
     in_flight, other = deliveries
 
-    first = Racer(
-        "first", lambda: engine.delivery_attempt(delivery_id=in_flight.pk, run_id=run_id)
-    ).start()
-    try:
-        wait_until(patient_receiver.requests, message="the first holder's request")
+    def attempt():
+        return engine.delivery_attempt(delivery_id=in_flight.pk, run_id=run_id)
+
+    with first_holder(patient_receiver, attempt) as first:
         engine.deliveries_run(delivery_id=in_flight.pk, run_id=run_id, deadline=monotonic() - 1)
         assert WebhookDelivery.objects.get(pk=in_flight.pk).scheduled_run_id == run_id
-    finally:
-        patient_receiver.release.set()
     first_outcome = first.join()
 
     assert first_outcome is engine.Outcome.DELIVERED
