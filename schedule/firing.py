@@ -61,6 +61,7 @@ from common.columns import insert_sql
 from common.errors import DomainError
 from common.models import violated_constraint
 from job.batch import JobRequest, jobs_create_many, params_refusal
+from lifecycle.failures import aborted_by, log_failure
 from schedule import calendar
 from schedule.models import Misfire, Schedule, ScheduleRun
 
@@ -241,7 +242,36 @@ def plan_of(
 
 def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
     """Apply ``plans`` in one short transaction: the rows another firing holds are
-    skipped, those changed since their plan was computed are left to the next cycle."""
+    skipped, those changed since their plan was computed are left to the next cycle.
+
+    A batch that waited past the lock timeout (``DB_LOCK_TIMEOUT``) for a lock another
+    session keeps (its commit checks each job's automation row, which a session left in a
+    transaction may hold) is fired again one plan a transaction: the others go through,
+    the one behind the lock waits for the next cycle, named in the log."""
+    try:
+        return _fire_together(plans, now=now)
+    except (OperationalError, InterfaceError) as exc:
+        if aborted_by(exc) is None or len(plans) < 2:
+            raise  # the database went away: the whole cycle is retried
+        log_failure(
+            logger, exc, "a batch of %d schedules; firing them one a transaction", len(plans)
+        )
+    firing = Firing()
+    for plan in plans:
+        try:
+            alone = _fire_together([plan], now=now)
+        except (OperationalError, InterfaceError) as exc:
+            if aborted_by(exc) is None:
+                raise
+            log_failure(logger, exc, "schedule %s: left for the next cycle", plan.schedule_id)
+            firing.held.append(plan.schedule_id)
+            continue
+        for name in ("started", "stopped", "applied", "held", "failed"):
+            getattr(firing, name).extend(getattr(alone, name))
+    return firing
+
+
+def _fire_together(plans: list[Plan], *, now: datetime) -> Firing:
     firing = Firing()
     if not plans:
         return firing
