@@ -122,8 +122,9 @@ DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
 DB_LOCK_TIMEOUT = env.int("DB_LOCK_TIMEOUT", default=30, minimum=0)
 if DB_LOCK_TIMEOUT and daemon_process():
     _options = DATABASES["default"]["OPTIONS"]
-    _options["options"] = f"{_options.get('options', '')} -c lock_timeout={DB_LOCK_TIMEOUT}s"
-    _options["options"] = _options["options"].strip()
+    _options["options"] = " ".join(
+        filter(None, [_options.get("options"), f"-c lock_timeout={DB_LOCK_TIMEOUT}s"])
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_USER_MODEL = "identity.User"

@@ -40,7 +40,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from lifecycle import Stop
-from lifecycle.startup import daemon_process, stopped_during_startup
+from lifecycle.startup import bounded_stop, stopped_during_startup
 
 DATABASE_ERRORS = (OperationalError, InterfaceError)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -181,8 +181,7 @@ class Daemon(BaseCommand):
         previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
         self.stop.install()
         try:
-            bounded = self.stop.bounded(settings.DAEMON_STOP_SECONDS, self._stuck)
-            with bounded if daemon_process() else nullcontext():
+            with bounded_stop(self.stop, settings.DAEMON_STOP_SECONDS, self._stuck):
                 return self.stop_line(self._handle(once=once, interval=interval))
         finally:
             # The handlers of before (under ``manage.py``, the start-up ones, which only

@@ -13,7 +13,8 @@ Other commands (``migrate``, ``shell``) keep the default: a SIGTERM ends them th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 
 from lifecycle import Stop
 
@@ -43,3 +44,10 @@ def daemon_process() -> bool:
 def stopped_during_startup() -> bool:
     """True when a stop was asked for before the daemon's own handlers were in place."""
     return _during_startup.requested
+
+
+def bounded_stop(
+    stop: Stop, seconds: float, say: Callable[[str], None]
+) -> AbstractContextManager[None]:
+    """``stop.bounded(seconds, say)`` in a daemon ``manage.py`` started; nothing elsewhere."""
+    return stop.bounded(seconds, say) if daemon_process() else nullcontext()

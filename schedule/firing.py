@@ -88,6 +88,11 @@ class Firing:
     # Schedules whose firing failed (a bug): moved on to their next due time.
     failed: list[int] = field(default_factory=list)
 
+    def absorb(self, other: Firing) -> None:
+        """Add what ``other`` (a firing of some of the same plans) did."""
+        for name in ("started", "stopped", "applied", "held", "failed"):
+            getattr(self, name).extend(getattr(other, name))
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -266,8 +271,7 @@ def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
             log_failure(logger, exc, "schedule %s: left for the next cycle", plan.schedule_id)
             firing.held.append(plan.schedule_id)
             continue
-        for name in ("started", "stopped", "applied", "held", "failed"):
-            getattr(firing, name).extend(getattr(alone, name))
+        firing.absorb(alone)
     return firing
 
 

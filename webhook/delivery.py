@@ -94,8 +94,8 @@ _ALIVE = (
     + _HELD
     + " AND objid = ({table}.id %% 2147483648)::int4::oid)"
 )
-# Which of the deliveries given (one, or an array of them) another session attempts now.
-_ONE_HELD_ELSEWHERE = f"""
+# Which of the deliveries given another session attempts now.
+_HELD_ELSEWHERE = f"""
     SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {_HELD.format(ns=ATTEMPT_LOCK_NAMESPACE)}
                       AND objid = (%s %% 2147483648)::int4::oid AND pid <> pg_backend_pid())
 """  # noqa: S608 (only the module's own constants are formatted in)
@@ -883,9 +883,7 @@ def _attempt_held_elsewhere(delivery_id: int) -> bool:
     """Whether another session holds the attempt's lock now. Read under the delivery's
     row lock, the answer holds until this transaction ends: only a holder of the row takes
     the attempt's lock, and its holder lets it go with the row taken (the record)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_ONE_HELD_ELSEWHERE, [delivery_id])
-        return cursor.fetchone()[0]
+    return delivery_id in _held_elsewhere([delivery_id])
 
 
 def _held_elsewhere(delivery_ids: list[int]) -> set[int]:

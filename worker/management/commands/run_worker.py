@@ -31,7 +31,7 @@ from broker.topology import QUEUES
 from common.logs import flush_now
 from common.metrics import serve_metrics
 from lifecycle import Backoff, Stop
-from lifecycle.startup import daemon_process, stopped_during_startup
+from lifecycle.startup import bounded_stop, stopped_during_startup
 from worker.builders import build_automation_worker, build_task_worker
 
 logger = logging.getLogger("hubdommed.worker")
@@ -136,8 +136,7 @@ class Command(BaseCommand):
         self._follow_stop(worker.loop)
         # Past its budget and a margin the stop is over, whatever holds the process (a
         # broker or database that hung mid-answer).
-        bounded = self.stop.bounded(settings.WORKER_STOP_BUDGET + STOP_MARGIN_SECONDS, _stuck)
-        with bounded if daemon_process() else contextlib.nullcontext():
+        with bounded_stop(self.stop, settings.WORKER_STOP_BUDGET + STOP_MARGIN_SECONDS, _stuck):
             summary = worker.summary(worker.run())
         self._exit_now(summary)
 
