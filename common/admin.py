@@ -23,14 +23,7 @@ from django.utils.html import format_html
 from django.utils.timesince import timesince
 
 from common.errors import DomainError, transaction_conflict
-from common.jsondata import (
-    NOT_FINITE,
-    PROBLEM,
-    TOO_DEEP,
-    all_finite,
-    unstorable_path,
-    within_depth,
-)
+from common.jsondata import NOT_FINITE, PROBLEM, TOO_DEEP, first_flaw
 
 logger = logging.getLogger("hubdommed.admin")
 
@@ -195,6 +188,10 @@ def deactivate_action(description: str, deactivate: Callable[[Model, Any], Any])
     return action
 
 
+# A form error's message, by the kind of flaw ``first_flaw`` found (its code).
+_FLAWS = {"too_deep": TOO_DEEP, "unstorable_text": PROBLEM, "not_finite": NOT_FINITE}
+
+
 class StorableJSONField(forms.JSONField):
     """A form's JSON field that refuses text jsonb or UTF-8 cannot hold, and documents
     nested deeper than the API takes.
@@ -211,12 +208,9 @@ class StorableJSONField(forms.JSONField):
             value = super().to_python(value)
         except RecursionError:
             raise ValidationError(TOO_DEEP, code="too_deep") from None
-        if not within_depth(value):
-            raise ValidationError(TOO_DEEP, code="too_deep")
-        if unstorable_path(value) is not None:
-            raise ValidationError(PROBLEM, code="unstorable_text")
-        if not all_finite(value):
-            raise ValidationError(NOT_FINITE, code="not_finite")
+        flaw = first_flaw(value)
+        if flaw is not None:
+            raise ValidationError(_FLAWS[flaw.kind], code=flaw.kind)
         return value
 
     def bound_data(self, data, initial):
@@ -224,7 +218,7 @@ class StorableJSONField(forms.JSONField):
             value = super().bound_data(data, initial)
         except RecursionError:
             return InvalidJSONInput(data)
-        if not within_depth(value) or unstorable_path(value) is not None or not all_finite(value):
+        if first_flaw(value) is not None:
             return InvalidJSONInput(data)
         return value
 

@@ -89,3 +89,18 @@ def test_json_nested_deep_enough_to_break_encoding_is_refused_at_the_door(api):
 def test_json_nested_a_few_levels_is_parsed(api):
     nested = {"name": "ok", "count": 1, "extra": [[[{"a": {"b": [1]}}]]]}
     assert api.post("/t/validate", nested, format="json").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"name": "a", "count": 1, "name": "b"}',
+        '{"name": "a", "count": 1, "extra": [{"k": 1, "k": 1}]}',
+    ],
+)
+def test_a_key_given_twice_is_a_400_naming_it_not_its_last_value_taken(api, body):
+    error = assert_error(
+        api.post("/t/validate", body, content_type="application/json"), 400, "malformed_request"
+    )
+    assert "given more than once" in error["message"]
+    assert ("'name'" if '"name": "b"' in body else "'k'") in error["message"]
