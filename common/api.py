@@ -11,14 +11,18 @@ Every failure leaves the API as::
 
 from __future__ import annotations
 
+import base64
 import logging
+from datetime import UTC
 from typing import Any, NoReturn
+from urllib import parse
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import CursorPagination, LimitOffsetPagination
@@ -162,7 +166,14 @@ class DefaultPagination(LimitOffsetPagination):
 
 
 class NewestFirstCursorPagination(CursorPagination):
-    """Keyset pagination for long, append-mostly lists (jobs): cost does not grow with depth."""
+    """Keyset pagination for long, append-mostly lists (jobs): cost does not grow with depth.
+
+    A cursor is refused (400 ``invalid_cursor``) unless it is one this API could have
+    issued: strict base64 of the fields DRF writes (``o``, ``r``, ``p``), each once, and a
+    position of the ordering column's type (``position_valid``). DRF alone reads ``!!!!``
+    or any base64 text as the first page, and takes a position it cannot compare as a
+    database error.
+    """
 
     ordering = ("-created_at", "-id")
     page_size = 50
@@ -170,11 +181,48 @@ class NewestFirstCursorPagination(CursorPagination):
     max_page_size = 200
 
     def decode_cursor(self, request):
-        # A cursor the client mangled is bad input (400), not a missing page (404).
+        encoded = request.query_params.get(self.cursor_query_param)
+        if encoded is None:
+            return None
+        if not _cursor_fields_valid(encoded):
+            raise _invalid_cursor()
         try:
-            return super().decode_cursor(request)
+            cursor = super().decode_cursor(request)
         except exceptions.NotFound:
-            raise InvalidInput("The cursor is invalid.", code="invalid_cursor") from None
+            raise _invalid_cursor() from None
+        if cursor.position is not None and not self.position_valid(cursor.position):
+            raise _invalid_cursor()
+        return cursor
+
+    def position_valid(self, position: str) -> bool:
+        """Whether a cursor's position can be compared with the ordering's column: here
+        ``created_at``, written with its offset, within the calendar once in UTC."""
+        try:
+            moment = parse_datetime(position)
+            if moment is None or moment.tzinfo is None:
+                return False
+            # Year 1 east of UTC, or 9999 west of it, falls off the calendar there.
+            moment.astimezone(UTC)
+        except (ValueError, OverflowError):
+            return False
+        return True
+
+
+def _cursor_fields_valid(encoded: str) -> bool:
+    try:
+        text = base64.b64decode(encoded.encode("ascii"), validate=True).decode("ascii")
+        fields = parse.parse_qs(text, keep_blank_values=True, strict_parsing=True)
+    except (ValueError, UnicodeError):  # binascii.Error is a ValueError
+        return False
+    return (
+        bool(fields)
+        and set(fields) <= {"o", "r", "p"}
+        and all(len(values) == 1 for values in fields.values())
+    )
+
+
+def _invalid_cursor() -> InvalidInput:
+    return InvalidInput("The cursor is invalid.", code="invalid_cursor")
 
 
 def validated(serializer_class: type[serializers.Serializer], data) -> dict[str, Any]:

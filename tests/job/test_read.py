@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from datetime import timedelta
 
 import pytest
@@ -60,11 +61,51 @@ def test_the_list_pages_with_a_cursor_without_repeats_or_gaps(person_client, use
     assert len(seen) == len(set(seen))
 
 
-def test_a_mangled_cursor_is_a_400_in_the_error_format(person_client):
-    response = person_client.get(URL, {"cursor": "not-a-cursor"})
+def _encoded(fields: str) -> str:
+    return base64.b64encode(fields.encode()).decode()
 
-    assert response.status_code == 400
+
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "not-a-cursor",
+        # base64 read leniently: DRF drops what is not of its alphabet, so these were the
+        # first page.
+        "!!!!",
+        "",
+        _encoded("garbage"),
+        _encoded("o=0&x=1"),
+        _encoded("o=0&o=1"),
+        _encoded("o=0&p=2026-12-01 09:00:00+00:00") + "!",
+        # positions that are not a moment with its offset, or fall off the calendar in UTC
+        _encoded("o=0&p=garbage"),
+        _encoded("o=0&p=2026-12-01 09:00:00"),
+        _encoded("o=0&p=0001-01-01 00:00:00+01:00"),
+        _encoded("o=0&p=9999-12-31 23:00:00-02:00"),
+        _encoded("r=2&p=2026-12-01 09:00:00+00:00"),
+        "\u00e9" + _encoded("o=0"),
+    ],
+)
+def test_a_cursor_the_api_did_not_issue_is_a_400_in_the_error_format(person_client, user, cursor):
+    JobFactory.create_batch(3, tenant=user.tenant)
+
+    response = person_client.get(URL, {"cursor": cursor, "limit": 1})
+
+    assert response.status_code == 400, response.content
     assert response.json()["error"]["code"] == "invalid_cursor"
+
+
+def test_a_cursor_with_its_position_and_offset_is_taken(person_client, user):
+    now = timezone.now()
+    for hours in (3, 2, 1):
+        JobFactory(tenant=user.tenant, created_at=now - timedelta(hours=hours))
+    second = person_client.get(URL, {"limit": 1}).json()["next"]
+
+    assert second is not None
+    response = person_client.get(second)
+
+    assert response.status_code == 200, response.content
+    assert len(ids(response)) == 1
 
 
 def test_the_list_filters_by_status_automation_and_creation_time(person_client, user):
