@@ -356,11 +356,14 @@ def refresh_token_rotate(*, token: str) -> TokenPair:
 def refresh_token_revoke(*, token: str) -> None:
     """Logout: ends the session (family) of the token. Unknown tokens are ignored."""
     digest = hash_refresh_token(token)
-    # Locked first: a refresh of it that commits meanwhile is waited for, and its successor
-    # revoked with the family.
-    current = RefreshToken.objects.select_for_update().filter(token_hash=digest).first()
+    current = RefreshToken.objects.select_related("user").filter(token_hash=digest).first()
     if current is None or not hmac.compare_digest(current.token_hash, digest):
         return
+    # The user held as every issuing holds it (the module's lock order): a login or a
+    # refresh under way is waited for, and the family is read after it committed, its new
+    # token included. Holding the presented token alone missed a refresh of another token
+    # of the family (a newer one), whose successor the revocation's snapshot did not see.
+    _hold_for_issuing(current.user)
     _revoke(RefreshToken.objects.filter(family=current.family), RevokeReason.LOGOUT, timezone.now())
     logger.info("user %s logged out (session %s)", current.user_id, current.family)
 

@@ -182,6 +182,35 @@ def test_a_logout_while_its_token_is_being_refreshed_ends_the_new_one_too(people
     assert live_tokens(member) == []
 
 
+def test_a_logout_with_an_older_token_while_the_newest_is_refreshed_ends_the_new_one_too(
+    people, monkeypatch
+):
+    # The logout's token is not the one being refreshed: nothing of the refresh holds it.
+    # Its family's revocation once waited only for the refreshed token's row, on a snapshot
+    # taken before the new token was written, which outlived the logout.
+    _manager, member, older = people
+    newest = refresh(APIClient(), older).json()["refresh_token"]
+    reached, go = held_in("refresh", monkeypatch, "_new_refresh_token")
+
+    rotated, logged_out, waited = race(
+        Racer("refresh", lambda: refresh(APIClient(), newest)),
+        reached,
+        go,
+        Racer(
+            "logout",
+            lambda: APIClient().post(
+                "/api/v1/auth/logout", {"refresh_token": older}, format="json"
+            ),
+        ),
+    )
+
+    assert waited, "the logout did not wait for the refresh"
+    assert rotated.status_code == 200, rotated.content
+    assert logged_out.status_code in (200, 204), logged_out.content
+    assert live_tokens(member) == []
+    assert refresh(APIClient(), rotated.json()["refresh_token"]).status_code == 401
+
+
 def test_a_registration_under_way_is_waited_for_by_its_tenants_deactivation(
     people, tenant, monkeypatch
 ):
