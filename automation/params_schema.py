@@ -27,6 +27,7 @@ import json
 import logging
 import re
 import time
+from fractions import Fraction
 from re import _constants as sre_constants
 from re import _parser as sre_parser
 from typing import Any
@@ -57,7 +58,12 @@ _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
 class UnusableSchema(Exception):
     """The stored schema cannot check parameters (refused by the save-time checks, or it
-    took more than the budget on these parameters)."""
+    took more than the budget on these parameters: ``TooCostly``)."""
+
+
+class TooCostly(UnusableSchema):
+    """The schema took more than ``JOB_PARAMS_VALIDATION_SECONDS`` on these parameters (a
+    pattern that backtracks on them): other parameters may still be checked quickly."""
 
 
 def params_schema_problem(schema: Any) -> str | None:
@@ -306,7 +312,7 @@ def params_errors(params: dict[str, Any], schema: dict[str, Any] | None) -> list
     try:
         errors = list(itertools.islice(validator.iter_errors(params), 20))
     except (_OutOfTime, TimeoutError, RecursionError):
-        raise UnusableSchema("Checking the parameters against the schema took too long.") from None
+        raise TooCostly("Checking the parameters against the schema took too long.") from None
     except Exception as exc:
         # A schema the checks above let through that the validator still cannot apply: the
         # automation's to fix, not a failure of the request.
@@ -407,6 +413,24 @@ def _unique_items(validator, unique, instance, schema):
         seen.add(key)
 
 
+def _multiple_of(validator, divisor, instance, schema):
+    # jsonschema divides in floats, which a number past their range (an integer of a
+    # thousand digits, a divisor of 1e-308) overflows: its OverflowError would blame the
+    # schema for the number a tenant sent. Fractions are exact and do not overflow.
+    if not validator.is_type(instance, "number"):
+        return
+    try:
+        yield from _JSONSCHEMA_MULTIPLE_OF(validator, divisor, instance, schema)
+        return
+    except OverflowError:
+        pass
+    if (Fraction(instance) / Fraction(divisor)).denominator != 1:
+        yield ValidationError(f"{instance!r}"[:100] + f" is not a multiple of {divisor!r}"[:100])
+
+
+_JSONSCHEMA_MULTIPLE_OF = Draft202012Validator.VALIDATORS["multipleOf"]
+
+
 def _comparable(value: Any) -> Any:
     if isinstance(value, bool) or value is None:
         return ("literal", value)
@@ -441,5 +465,6 @@ _BoundedValidator = validators.extend(
         "additionalProperties": _within_deadline(_additional_properties),
         "uniqueItems": _within_deadline(_unique_items),
         "enum": _within_deadline(_enum),
+        "multipleOf": _within_deadline(_multiple_of),
     },
 )

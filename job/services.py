@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from automation.params_schema import UnusableSchema, params_errors
+from automation.params_schema import TooCostly, UnusableSchema, params_errors
 from automation.selectors import JobTerms, automation_get, automation_id_on_terms
 from automation.services import worker_seen
 from common import tracing
@@ -296,12 +296,21 @@ def job_params_check(params: Any, *, schema: dict[str, Any] | None, automation_i
     try:
         # The same validator that accepted the schema when the automation was saved.
         errors = params_errors(params, schema)
+    except TooCostly as exc:
+        # The schema's to fix, but only these parameters meet it: a warning, not an error
+        # any member could raise at will in the operators' alerts.
+        logger.warning("automation %s: its parameter schema is too costly: %s", automation_id, exc)
+        raise Conflict(
+            "The automation's parameter schema takes too long to check these parameters "
+            "(a pattern of it backtracks on them); the schema needs fixing.",
+            code="automation_misconfigured",
+            details={"params_schema": [str(exc)]},
+        ) from None
     except UnusableSchema as exc:
         logger.error("automation %s: its parameter schema is unusable: %s", automation_id, exc)
         raise Conflict(
             "The automation's parameter schema is broken; nothing can be started or scheduled "
-            "until "
-            "it is fixed.",
+            "until it is fixed.",
             code="automation_misconfigured",
             details={"params_schema": [str(exc)]},
         ) from None
