@@ -18,8 +18,9 @@ class SectorAdminForm(forms.ModelForm):
 
     def clean_name(self) -> str:
         # The model form skips the active-name constraint (is_active is not on the form).
+        # Only a changed name is checked: a sector is never refused over its own name.
         name = self.cleaned_data["name"]
-        if sector_name_in_use(name, excluding=self.instance.pk):
+        if "name" in self.changed_data and sector_name_in_use(name, excluding=self.instance.pk):
             raise forms.ValidationError("An active sector already has this name.")
         return name
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.db.models import QuerySet
+from django.db.models import CharField, QuerySet, Value
 
 from common.errors import NotFound
 from common.queries import narrowed, searched
-from sector.models import Sector
+from sector.models import Sector, name_key
 
 if TYPE_CHECKING:
     from identity.models import User
@@ -44,8 +44,19 @@ def sector_list(*, caller: User, active: bool | None = None, search: str = "") -
 
 
 def sector_name_in_use(name: str, *, excluding: int | None = None) -> bool:
-    """Whether an active sector (other than ``excluding``) has this name, whatever its case."""
-    return Sector.objects.exclude(pk=excluding).filter(is_active=True, name__iexact=name).exists()
+    """Whether an active sector (other than ``excluding``) has this name, whatever its case.
+
+    Compared exactly as the unique index ``sectors_active_name_key`` compares (the same
+    key, the same scope: active sectors), in the database: what is "taken" here is what
+    the index would refuse, no more and no less.
+    """
+    return (
+        Sector.objects.filter(is_active=True)
+        .exclude(pk=excluding)
+        .alias(key=name_key("name"))
+        .filter(key=name_key(Value(name, output_field=CharField())))
+        .exists()
+    )
 
 
 def sector_lock_for_use(sector_id: int) -> Sector | None:

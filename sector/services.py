@@ -65,7 +65,8 @@ def sector_update(*, sector_id: int, data: Mapping[str, Any], actor: Any) -> Sec
         return sector
     for field in changed:
         setattr(sector, field, values[field])
-    _ensure_unique(sector)
+    # Only what changes is checked: a row is never refused over its own name or slug.
+    _ensure_unique(sector, fields=changed)
     _save(sector, update_fields=[*changed, "updated_at"])
     publish(
         "SectorUpdated",
@@ -125,10 +126,11 @@ def _clean_name_and_slug(*, name: Any, slug: Any) -> tuple[str, str]:
     return name, slug
 
 
-def _ensure_unique(sector: Sector) -> None:
-    if sector_name_in_use(sector.name, excluding=sector.pk):
+def _ensure_unique(sector: Sector, *, fields=("name", "slug")) -> None:
+    """Refuse a name or slug (of ``fields``) that another sector has, as the indexes would."""
+    if "name" in fields and sector_name_in_use(sector.name, excluding=sector.pk):
         raise _name_taken()
-    if Sector.objects.exclude(pk=sector.pk).filter(slug=sector.slug).exists():
+    if "slug" in fields and Sector.objects.exclude(pk=sector.pk).filter(slug=sector.slug).exists():
         raise _slug_taken()
 
 
