@@ -315,6 +315,14 @@ SCHEDULE_MISFIRE_GRACE_SECONDS = env.int(
 )
 # Schedules a tenant may have (active and paused; deactivated ones do not count).
 SCHEDULE_MAX_PER_TENANT = env.int("SCHEDULE_MAX_PER_TENANT", default=300, minimum=1)
+# Seconds of parameter checks (each up to JOB_PARAMS_VALIDATION_SECONDS) one scheduler cycle
+# makes at most, in all and for one tenant; schedules left unchecked wait for the next cycle.
+SCHEDULER_PARAMS_CHECK_SECONDS = env.float(
+    "SCHEDULER_PARAMS_CHECK_SECONDS", default=5.0, minimum=0.01
+)
+SCHEDULER_PARAMS_CHECK_TENANT_SECONDS = env.float(
+    "SCHEDULER_PARAMS_CHECK_TENANT_SECONDS", default=1.0, minimum=0.01
+)
 
 # --- Stuck-job monitor (manage.py watch_stuck_jobs) ---------------------------------------
 # Seconds between cycles (--interval overrides it).

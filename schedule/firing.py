@@ -5,7 +5,11 @@ firing holds (``SKIP LOCKED``, in a transaction of that one read) and computes, 
 the due times to start and the next one, the batch's schedules sharing each search (the
 calendar's search is bounded, but it is never done under a lock), and checks the
 parameters of those that start runs against their automation's schema (a tenant's schema,
-up to ``JOB_PARAMS_VALIDATION_SECONDS`` of work: never under a lock either).
+up to ``JOB_PARAMS_VALIDATION_SECONDS`` of work: never under a lock either, and bounded by
+``ParamsChecks``: parameters found valid are remembered, and a cycle spends at most
+``SCHEDULER_PARAMS_CHECK_SECONDS`` on checks, a tenant at most
+``SCHEDULER_PARAMS_CHECK_TENANT_SECONDS`` of
+it; the schedules left unchecked wait for the next cycle).
 ``schedules_fire_planned`` then takes the rows with ``FOR UPDATE SKIP LOCKED`` in one short
 transaction, keeps only those that still hold what the plan was computed from (same cron,
 zone, misfire and next run, the same parameters and schema: a person's edit or another
@@ -44,8 +48,11 @@ clock that went back, a schedule moved back by hand).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -87,10 +94,13 @@ class Firing:
     held: list[int] = field(default_factory=list)
     # Schedules whose firing failed (a bug): moved on to their next due time.
     failed: list[int] = field(default_factory=list)
+    # Schedules due whose parameters the cycle's checks had no time left for
+    # (``ParamsChecks``): left as they are, for the next cycle.
+    deferred: list[int] = field(default_factory=list)
 
     def absorb(self, other: Firing) -> None:
         """Add what ``other`` (a firing of some of the same plans) did."""
-        for name in ("started", "stopped", "applied", "held", "failed"):
+        for name in ("started", "stopped", "applied", "held", "failed", "deferred"):
             getattr(self, name).extend(getattr(other, name))
 
 
@@ -120,20 +130,97 @@ class Plan:
 # parameters a PostgreSQL statement takes (65,535), and its transaction short.
 BATCH_SIZE = 500
 
+# Parameters found valid that a scheduler remembers, a hash each (about 100 bytes).
+PARAMS_MEMO_SIZE = 10_000
+
+
+class ParamsChecks:
+    """A scheduler's checks of its schedules' parameters against their schemas.
+
+    Which (schema, parameters) it found valid, as a hash of both written out canonically
+    (the last ``PARAMS_MEMO_SIZE``, for the life of the process): an unchanged schedule is
+    not checked again every minute. Refusals are not remembered (the schedule is paused;
+    a resume checks again), nor is a check cut by the time limit, a refusal too.
+
+    And the time the current cycle spent on checks, in all and per tenant: a check starts
+    only while the cycle has spent less than ``SCHEDULER_PARAMS_CHECK_SECONDS`` and its
+    tenant less than ``SCHEDULER_PARAMS_CHECK_TENANT_SECONDS``, so one tenant's slow
+    parameters cannot hold the others' due runs back, nor many tenants' the cycle. The
+    schedules whose check did not start are ``deferred``: no later batch of the cycle
+    plans them again, and the next cycle does. ``new_cycle`` starts a cycle; a firing
+    without one makes its own."""
+
+    def __init__(self, *, memo_size: int | None = None) -> None:
+        self._valid: OrderedDict[bytes, None] = OrderedDict()
+        self._memo_size = PARAMS_MEMO_SIZE if memo_size is None else memo_size
+        self.new_cycle()
+
+    def new_cycle(self) -> None:
+        # A check under way is finished: a cycle may pass these by one check.
+        self._seconds = settings.SCHEDULER_PARAMS_CHECK_SECONDS
+        self._tenant_seconds = settings.SCHEDULER_PARAMS_CHECK_TENANT_SECONDS
+        self._spent = 0.0
+        self._spent_by: dict[int, float] = {}
+        # Schedules left for the next cycle, in the order they were.
+        self.deferred: dict[int, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._valid)
+
+    def known_valid(self, digest: bytes) -> bool:
+        if digest not in self._valid:
+            return False
+        self._valid.move_to_end(digest)
+        return True
+
+    def spent(self, tenant_id: int) -> float:
+        return self._spent_by.get(tenant_id, 0.0)
+
+    def may_check(self, tenant_id: int) -> bool:
+        return self._spent < self._seconds and self.spent(tenant_id) < self._tenant_seconds
+
+    def check(
+        self, digest: bytes, params: Any, *, schema: Any, automation_id: int, tenant_id: int
+    ) -> DomainError | None:
+        began = time.monotonic()
+        refusal = params_refusal(params, schema=schema, automation_id=automation_id)
+        took = time.monotonic() - began
+        self._spent += took
+        self._spent_by[tenant_id] = self.spent(tenant_id) + took
+        if refusal is None:
+            self._valid[digest] = None
+            self._valid.move_to_end(digest)
+            while len(self._valid) > self._memo_size:
+                self._valid.popitem(last=False)
+        return refusal
+
 
 def misfire_grace() -> timedelta:
     return timedelta(seconds=settings.SCHEDULE_MISFIRE_GRACE_SECONDS)
 
 
-def schedules_fire_due(*, now: datetime | None = None, batch_size: int = BATCH_SIZE) -> Firing:
-    """Plan one batch of due schedules, then fire it."""
+def schedules_fire_due(
+    *,
+    now: datetime | None = None,
+    batch_size: int = BATCH_SIZE,
+    checks: ParamsChecks | None = None,
+) -> Firing:
+    """Plan one batch of due schedules, then fire it. ``checks``: the scheduler's, for
+    its cycle (without it, this batch is a cycle of its own)."""
     now = now or timezone.now()
-    plans = schedules_plan_due(now=now, batch_size=batch_size)
-    firing = schedules_fire_planned(plans, now=now)
-    # A full batch moved, or was taken by another firing meanwhile: what is due beyond it
-    # is next (the next plan skips the rows another firing holds, so this never spins on
-    # them). A full batch that was all stale (changed by people) waits for the next cycle.
-    firing.more = len(plans) == batch_size and bool(firing.applied or firing.held)
+    checks = ParamsChecks() if checks is None else checks
+    before = len(checks.deferred)
+    plans = schedules_plan_due(now=now, batch_size=batch_size, checks=checks)
+    deferred = list(checks.deferred)[before:]
+    firing = schedules_fire_planned(plans, now=now, checks=checks)
+    firing.deferred[:0] = deferred
+    # A full batch moved, was taken by another firing meanwhile, or waits for the next
+    # cycle's checks: what is due beyond it is next (the next plan skips the rows another
+    # firing holds and those deferred, so this never spins on them). A full batch that was
+    # all stale (changed by people) waits for the next cycle.
+    firing.more = len(plans) + len(deferred) == batch_size and bool(
+        firing.applied or firing.held or firing.deferred
+    )
     return firing
 
 
@@ -147,59 +234,118 @@ def next_due_at() -> datetime | None:
     )
 
 
-def schedules_plan_due(*, now: datetime, batch_size: int = BATCH_SIZE) -> list[Plan]:
+# What a plan reads of a schedule: its calendar, and the parameters its runs are checked with.
+PLANNED_FIELDS = (
+    "id",
+    "cron",
+    "timezone",
+    "misfire",
+    "next_run_at",
+    "params",
+    "automation",
+    "tenant",
+)
+
+
+def schedules_plan_due(
+    *, now: datetime, batch_size: int = BATCH_SIZE, checks: ParamsChecks | None = None
+) -> list[Plan]:
     """The plans of the earliest due schedules that no other firing holds; nothing is
-    locked once the rows are read.
+    locked once the rows are read. A schedule whose parameters ``checks`` has no time left
+    for this cycle gets no plan: it is in ``checks.deferred``, and later batches of the
+    cycle go past it.
 
     The schedules of a batch share their searches (``calendar.BatchCalendar``): ten
     thousand schedules of one cron line due at one minute search the calendar once."""
+    checks = ParamsChecks() if checks is None else checks
+    due = Schedule.objects.select_for_update(skip_locked=True, no_key=True).filter(
+        next_run_at__lte=now
+    )
+    if checks.deferred:
+        due = due.exclude(pk__in=RawSQL("SELECT unnest(%s::bigint[])", (list(checks.deferred),)))
     with transaction.atomic():
         # SKIP LOCKED: the rows another firing is writing are left to it, and this one plans
         # the next ones (two schedulers share a burst of due schedules instead of planning
         # the same batch twice). The lock ends with this read: none is held while the
         # calendar is searched.
-        due = list(
-            Schedule.objects.select_for_update(skip_locked=True, no_key=True)
-            .filter(next_run_at__lte=now)
-            .order_by("next_run_at", "id")
-            .only("id", "cron", "timezone", "misfire", "next_run_at", "params", "automation")[
-                :batch_size
-            ]
-        )
+        rows = list(due.order_by("next_run_at", "id").only(*PLANNED_FIELDS)[:batch_size])
+    return schedules_plan(rows, now=now, checks=checks)
+
+
+def schedules_plan(schedules: list[Schedule], *, now: datetime, checks: ParamsChecks) -> list[Plan]:
+    """The plans of firing ``schedules`` (read with ``PLANNED_FIELDS``, no lock held) at
+    ``now``, their runs' parameters checked: what ``schedules_fire_planned`` applies. The
+    schedules share their calendar's searches; those ``checks`` has no time left for get
+    no plan (``checks.deferred``)."""
     searches = calendar.BatchCalendar()
-    plans = [plan_of(schedule, now=now, searches=searches) for schedule in due]
-    return _params_checked(due, plans)
+    plans = [plan_of(schedule, now=now, searches=searches) for schedule in schedules]
+    return _params_checked(schedules, plans, checks)
 
 
-def _params_checked(due: list[Schedule], plans: list[Plan]) -> list[Plan]:
-    """The plans that start runs, with their parameters checked against their automation's
-    schema: read and checked here, with no lock held (the same parameters with the same
-    schema, checked once)."""
+def _params_checked(due: list[Schedule], plans: list[Plan], checks: ParamsChecks) -> list[Plan]:
+    """The plans, those that start runs with their parameters checked against their
+    automation's schema: read and checked here, with no lock held (the same parameters
+    with the same schema checked once, and not at all when ``checks`` knows them valid).
+
+    The checks take turns: the tenant that spent least of the cycle's checks goes next,
+    one check at a time, while ``checks`` allows it. The plans whose check did not start
+    are left out, their schedules added to ``checks.deferred``."""
     starting = [schedule for schedule, plan in zip(due, plans, strict=True) if plan.starts]
     if not starting:
         return plans
     schemas = automation_params_schemas({schedule.automation_id for schedule in starting})
     written = {automation_id: _canonical(schema) for automation_id, schema in schemas.items()}
-    verdicts: dict[tuple[int, str], DomainError | None] = {}
-    checked: dict[int, tuple[tuple[str, str], DomainError | None]] = {}
+    keys: dict[int, tuple[tuple[str, str], bytes]] = {}
+    verdicts: dict[bytes, DomainError | None] = {}
+    # By tenant, in order: each (schema, parameters) to check, and a schedule that has it.
+    waiting: dict[int, dict[bytes, Schedule]] = {}
     for schedule in starting:
-        automation_id, params = schedule.automation_id, _canonical(schedule.params)
-        if (automation_id, params) not in verdicts:
-            verdicts[(automation_id, params)] = params_refusal(
-                schedule.params, schema=schemas.get(automation_id), automation_id=automation_id
+        key = (_canonical(schedule.params), written.get(schedule.automation_id, "null"))
+        digest = hashlib.sha256("\0".join(key).encode()).digest()
+        keys[schedule.pk] = (key, digest)
+        if checks.known_valid(digest):
+            verdicts[digest] = None
+        elif digest not in verdicts:
+            waiting.setdefault(schedule.tenant_id, {}).setdefault(digest, schedule)
+    while waiting:
+        tenant_id = min(waiting, key=checks.spent)
+        if not checks.may_check(tenant_id):
+            del waiting[tenant_id]
+            continue
+        queue = waiting[tenant_id]
+        digest = next(iter(queue))
+        schedule = queue.pop(digest)
+        if not queue:
+            del waiting[tenant_id]
+        if digest not in verdicts:  # another tenant's schedule may have the same
+            verdicts[digest] = checks.check(
+                digest,
+                schedule.params,
+                schema=schemas.get(schedule.automation_id),
+                automation_id=schedule.automation_id,
+                tenant_id=tenant_id,
             )
-        key = (params, written.get(automation_id, "null"))
-        checked[schedule.pk] = (key, verdicts[(automation_id, params)])
-    return [
-        replace(
-            plan,
-            params_key=checked[plan.schedule_id][0],
-            params_refusal=checked[plan.schedule_id][1],
+    checked, deferred = [], {}
+    for schedule, plan in zip(due, plans, strict=True):
+        if not plan.starts:
+            checked.append(plan)
+            continue
+        key, digest = keys[schedule.pk]
+        if digest in verdicts:
+            checked.append(replace(plan, params_key=key, params_refusal=verdicts[digest]))
+        else:
+            deferred.setdefault(schedule.tenant_id, []).append(schedule.pk)
+            checks.deferred[schedule.pk] = None
+    for tenant_id, ids in deferred.items():
+        logger.info(
+            "tenant %s: the parameters of %d due schedules wait for the next cycle (its "
+            "checks took %.2fs of this cycle's): %s",
+            tenant_id,
+            len(ids),
+            checks.spent(tenant_id),
+            ids,
         )
-        if plan.schedule_id in checked
-        else plan
-        for plan in plans
-    ]
+    return checked
 
 
 def _canonical(value: Any) -> str:
@@ -245,14 +391,55 @@ def plan_of(
     return Plan(schedule.pk, key, starts=starts, next_run_at=next_run_at)
 
 
-def schedules_fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
+def schedules_fire_planned(
+    plans: list[Plan], *, now: datetime, checks: ParamsChecks | None = None
+) -> Firing:
     """Apply ``plans`` in one short transaction: the rows another firing holds are
     skipped, those changed since their plan was computed are left to the next cycle.
+
+    A plan that starts runs and whose parameters were not checked (not made by
+    ``schedules_plan``) is checked first, before any lock, with ``checks``: parameters
+    are never checked under a schedule's lock.
 
     A batch that waited past the lock timeout (``DB_LOCK_TIMEOUT``) for a lock another
     session keeps (its commit checks each job's automation row, which a session left in a
     transaction may hold) is fired again one plan a transaction: the others go through,
     the one behind the lock waits for the next cycle, named in the log."""
+    checks = ParamsChecks() if checks is None else checks
+    before = len(checks.deferred)
+    plans = _unchecked_checked(plans, checks)
+    firing = _fire_planned(plans, now=now)
+    firing.deferred.extend(list(checks.deferred)[before:])
+    return firing
+
+
+def _unchecked_checked(plans: list[Plan], checks: ParamsChecks) -> list[Plan]:
+    """``plans``, those that start runs unchecked checked now (their rows read without a
+    lock): the others as they are."""
+    unchecked = {
+        plan.schedule_id: plan for plan in plans if plan.starts and plan.params_key is None
+    }
+    if not unchecked:
+        return plans
+    rows = list(
+        Schedule.objects.filter(pk__in=list(unchecked)).only(*PLANNED_FIELDS).order_by("id")
+    )
+    checked = {
+        plan.schedule_id: plan
+        for plan in _params_checked(rows, [unchecked[row.pk] for row in rows], checks)
+    }
+    kept = []
+    for plan in plans:
+        if plan.schedule_id not in unchecked:
+            kept.append(plan)
+        elif plan.schedule_id in checked:
+            kept.append(checked[plan.schedule_id])
+        elif plan.schedule_id not in checks.deferred:
+            kept.append(plan)  # its row is gone: there is nothing to lock, nothing fires
+    return kept
+
+
+def _fire_planned(plans: list[Plan], *, now: datetime) -> Firing:
     try:
         return _fire_together(plans, now=now)
     except (OperationalError, InterfaceError) as exc:
@@ -325,14 +512,19 @@ def _same_params(schedule: Schedule, plan: Plan, schemas: dict[int, str]) -> boo
 
 
 def _requested(schedule: Schedule, plan: Plan, due_at: datetime) -> JobRequest:
-    """The job a due time starts, its parameters checked by the plan (not here, under
-    the schedule's lock)."""
+    """The job a due time starts, its parameters checked by the plan (never here, under
+    the schedule's lock: ``schedules_fire_planned`` checks an unchecked plan first)."""
+    if plan.params_key is None:
+        raise RuntimeError(
+            f"schedule {schedule.pk}: a run whose parameters were not checked before the "
+            "schedule was locked"
+        )
     return JobRequest(
         tenant_id=schedule.tenant_id,
         automation=schedule.automation,
         params=schedule.params,
         triggered_by=schedule.triggered_by(due_at),
-        params_checked=plan.params_key is not None,
+        params_checked=True,
         params_refusal=plan.params_refusal,
     )
 

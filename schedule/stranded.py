@@ -9,9 +9,11 @@ kinds of row break that, and the check gives each its way forward again:
   No transaction of the hub commits this state, so there is no margin to wait.
 * running with a ``next_run_at`` long past (``overdue_after``) that no scheduler took,
   while a scheduler is running: one started a run since this row fell due, yet left it.
-  It is fired as the scheduler would (the same plan and SKIP LOCKED, so a scheduler that
-  takes it at the same moment is not raced), which starts what is due within the grace,
-  applies ``misfire`` to the rest and sets the next due time. When no scheduler is
+  It is fired as the scheduler would (the same plan, its parameters checked before any
+  lock with the scheduler's bounds, and SKIP LOCKED, so a scheduler that takes it at the
+  same moment is not raced), which starts what is due within the grace, applies
+  ``misfire`` to the rest and sets the next due time. A row whose parameters the check's
+  time had no room for is left to the next check. When no scheduler is
   running, every due row is late and none is stranded: that outage shows on the
   scheduler's own heartbeat, and this check does not stand in for it.
 
@@ -28,7 +30,7 @@ from django.utils import timezone
 
 from common.ways_forward import Repaired
 from schedule import calendar
-from schedule.firing import plan_of, schedules_fire_planned
+from schedule.firing import PLANNED_FIELDS, ParamsChecks, schedules_fire_planned, schedules_plan
 from schedule.models import Schedule, ScheduleRun
 
 # Rows one check repairs at most (the next cycle takes the rest).
@@ -97,7 +99,7 @@ def _passed_over(now: datetime) -> list[Repaired]:
     late = list(
         Schedule.objects.filter(next_run_at__lt=now - overdue_after())
         .order_by("next_run_at", "id")
-        .only("id", "cron", "timezone", "misfire", "next_run_at")[:BATCH]
+        .only(*PLANNED_FIELDS)[:BATCH]
     )
     if not late:
         return []
@@ -107,10 +109,16 @@ def _passed_over(now: datetime) -> list[Repaired]:
     late = [
         row for row in late if latest is not None and latest > row.next_run_at + overdue_after()
     ]
+    # Planned as the scheduler plans, no lock held: the calendar searched and the runs'
+    # parameters checked (a tenant's schema) before each row is locked to fire it.
+    checks = ParamsChecks()
+    plans = {plan.schedule_id: plan for plan in schedules_plan(late, now=now, checks=checks)}
     repaired = []
     for schedule in late:
+        if schedule.pk not in plans:
+            continue  # no time left for its parameters' check: the next check fires it
         was_due = schedule.next_run_at
-        firing = schedules_fire_planned([plan_of(schedule, now=now)], now=now)
+        firing = schedules_fire_planned([plans[schedule.pk]], now=now, checks=checks)
         if not firing.applied:
             continue  # a scheduler holds it, or it changed: it is moving
         schedule.refresh_from_db()

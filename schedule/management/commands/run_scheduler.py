@@ -29,7 +29,7 @@ from common.daemon import Daemon
 from common.metrics import Heartbeat, serve_metrics
 from lifecycle import conditions
 from outbox.wake import wait_for_signal
-from schedule.firing import next_due_at, schedules_end_orphaned, schedules_fire_due
+from schedule.firing import ParamsChecks, next_due_at, schedules_end_orphaned, schedules_fire_due
 from schedule.metrics import SCHEDULER_CYCLES, SCHEDULER_ERRORS, SCHEDULER_RUNS
 from schedule.wake import scheduler_wake_key
 
@@ -57,12 +57,15 @@ class Command(Daemon):
         self._redis_down = False
         # What ended the latest pause: "due", "signal", "sweep" or "stop" (tests read it).
         self.woken_by = ""
+        # The parameters found valid (remembered while the process lives) and each cycle's
+        # time for checks, in all and per tenant (``schedule.firing.ParamsChecks``).
+        self.checks = ParamsChecks()
 
     # -- step methods (tested directly) --------------------------------------------------------
 
     def fire_one_batch(self) -> bool:
         """Fire one batch of due schedules; True when more may be due right away."""
-        firing = schedules_fire_due()
+        firing = schedules_fire_due(checks=self.checks)
         self.started += len(firing.started)
         SCHEDULER_RUNS.labels(outcome="started").inc(len(firing.started))
         SCHEDULER_RUNS.labels(outcome="stopped").inc(len(firing.stopped))
@@ -143,6 +146,7 @@ class Command(Daemon):
     # -- the cycle (lifecycle.daemon runs it) --------------------------------------------------
 
     def cycle(self) -> None:
+        self.checks.new_cycle()
         for _ in range(MAX_BATCHES_PER_CYCLE):
             if self.stop.requested or not self.fire_one_batch():
                 break
