@@ -37,6 +37,7 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from broker.base import OutgoingMessage, SendResult
+from common.jsondata import storable_text
 from outbox.models import OutboxMessage, PlatformOutboxMessage
 
 TABLES = (OutboxMessage._meta.db_table, PlatformOutboxMessage._meta.db_table)
@@ -116,7 +117,9 @@ class DueBatch:
                 ],
             )
             run_ids = {message.key: message.run_id for message in self.messages}
-            refused = [(run_ids[key], why) for key, why in result.rejected.items()]
+            # The broker's words (or a library's): storable, or the whole record fails and
+            # every row of the batch, the sent ones too, is sent again.
+            refused = [(run_ids[key], storable_text(why)) for key, why in result.rejected.items()]
             cursor.execute(
                 _NOTE_REFUSAL,
                 {

@@ -43,6 +43,8 @@ from urllib3.exceptions import (
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 from urllib3.util.ssl_match_hostname import CertificateError as CertificateNameError
 
+from common.jsondata import storable_text
+
 # The cloud metadata services: never reachable, whatever the settings allow.
 METADATA_NETWORKS = (
     ipaddress.ip_network("169.254.0.0/16"),  # AWS, GCP, Azure (and all IPv4 link-local)
@@ -88,7 +90,8 @@ class InvalidHost(ValueError):
 
 @dataclass(frozen=True)
 class Answer:
-    """What came of one request: a status code, or an error (never both)."""
+    """What came of one request: a status code, or an error (never both). Its texts are
+    storable: U+0000 and lone surrogates are U+FFFD."""
 
     status_code: int | None
     latency_ms: int
@@ -98,6 +101,14 @@ class Answer:
     # The error is the hub's refusal (an address, a scheme), not the receiver's failure.
     refused: bool = False
     timed_out: bool = False
+
+    def __post_init__(self) -> None:
+        # The receiver's body, a header it sent (a redirect's Location, quoted in the
+        # error) and an exception's message are anyone's text: PostgreSQL refuses U+0000
+        # in the attempt's and the delivery's columns, and a failed INSERT would leave the
+        # delivery pending, sent again by every new run. Made storable once, here.
+        object.__setattr__(self, "error", storable_text(self.error))
+        object.__setattr__(self, "excerpt", storable_text(self.excerpt))
 
 
 # --- the host ---------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, close_old_connections, connection, connections
@@ -55,6 +55,7 @@ from broker.consume import (
 )
 from common import tracing
 from common.context import log_context
+from common.jsondata import storable_text
 from lifecycle.failures import log_failure
 from outbox.catalog import DEFAULT_TIME_LIMIT_SECONDS, RetryPolicy, get_catalog
 from outbox.handlers import TaskMessage, get_handler
@@ -329,7 +330,7 @@ class TaskProcessor:
             f"{limit}) without finishing: its workers died on it, or gave it back, each time"
         )
         logger.error("task %s %s; dead-lettered", envelope["task"], exc)
-        failure = FailureContext.from_exception(exc, receive_count=receive_count, tb="")
+        failure = _failure_context(exc, receive_count=receive_count, tb="")
         self._settle(prepared.delivery, Outcome.FAILED, self._park, envelope, failure)
         return True
 
@@ -365,7 +366,7 @@ class TaskProcessor:
                 return
             raise RuntimeError(f"no claim for {delivery.run_id}")
         if isinstance(prepared.error, BadMessage):
-            failure = FailureContext.from_exception(
+            failure = _failure_context(
                 prepared.error, receive_count=delivery.broker_receive_count, tb=""
             )
             logger.error(
@@ -603,7 +604,8 @@ class TaskProcessor:
         policy: RetryPolicy,
     ) -> Outcome:
         """Report the failure to the policy (``worker.retries``) and do what it decided."""
-        error = f"{type(exc).__name__}: {exc}"
+        # The run's ``last_error``: storable, as ``_failure_context`` says why.
+        error = storable_text(f"{type(exc).__name__}: {exc}")
         decision = retries.after_failure(exc, receive_count=receive_count, policy=policy)
         if not decision.retry:
             logger.warning(
@@ -613,7 +615,7 @@ class TaskProcessor:
                 decision.why,
                 error,
             )
-            failure = FailureContext.from_exception(exc, receive_count=receive_count, tb=tb)
+            failure = _failure_context(exc, receive_count=receive_count, tb=tb)
             self._settle(delivery, Outcome.FAILED, self._park, envelope, failure)
             return Outcome.FAILED
         logger.info(
@@ -684,6 +686,24 @@ def _thread_database():
     if db is None:
         db = _slot.db = connections[DEFAULT_DB_ALIAS]
     return db
+
+
+def _failure_context(exc: BaseException, *, receive_count: int, tb: str) -> FailureContext:
+    """Why the run failed, its message and traceback storable (U+0000 and lone
+    surrogates as U+FFFD).
+
+    A handler's exception may quote anything (a library its input, a receiver its
+    answer): PostgreSQL refuses U+0000 in the run's ``last_error`` and in ``TaskFailed``'s
+    payload, SQS in the dead letter's attributes, and a lone surrogate cannot even be
+    encoded. A record that fails leaves the run unsettled, to come back and fail the same
+    way again and again.
+    """
+    failure = FailureContext.from_exception(exc, receive_count=receive_count, tb=tb)
+    return replace(
+        failure,
+        message=storable_text(failure.message),
+        traceback=storable_text(failure.traceback),
+    )
 
 
 def _checked_envelope(delivery: Delivery) -> dict[str, Any]:
