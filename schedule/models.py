@@ -29,6 +29,7 @@ from django.db.models import Q
 # The module, not the field of that name below.
 from django.utils import timezone as django_timezone
 
+from common.jsondata import storable_text
 from common.models import Deactivatable, choices_check
 
 
@@ -123,7 +124,9 @@ class Schedule(Deactivatable):
         if self.is_paused:
             return False
         self.paused_at = now
-        self.paused_reason = reason
+        # It may quote outside text (a calendar library's message): storable, or the
+        # pause itself fails and the schedule neither pauses nor moves on.
+        self.paused_reason = storable_text(reason)
         self.next_run_at = None
         return True
 
@@ -141,7 +144,7 @@ class Schedule(Deactivatable):
     def end(self, *, now: datetime, reason: str) -> None:
         """Deactivate for good (a person's decision, or its automation's or tenant's end)."""
         self.deactivate(now=now)
-        self.deactivated_reason = reason
+        self.deactivated_reason = storable_text(reason)
         self.next_run_at = None
 
     def calendar_key(self) -> tuple[str, str, str, datetime | None]:
