@@ -96,3 +96,46 @@ def another_session() -> Iterator[psycopg.Connection]:
     finally:
         conn.rollback()
         conn.close()
+
+
+def all_past(monkeypatch, owner: object, name: str, count: int = 2) -> None:
+    """``count`` callers of ``owner.<name>`` (a uniqueness check, say) each wait, after the
+    real call, until all of them made it: they are all past it before any goes on to
+    write, and the race is the database's to decide, every time."""
+    together = threading.Barrier(count)
+    real = getattr(owner, name)
+
+    def then_wait(*args, **kwargs):
+        result = real(*args, **kwargs)
+        together.wait(timeout=10)
+        return result
+
+    monkeypatch.setattr(owner, name, then_wait)
+
+
+def sent_together(user, requests: list[Callable]) -> list[tuple[int, dict]]:
+    """Each of ``requests`` (a callable taking an API client of ``user``) sent from a
+    thread and a database connection of its own, all released at once: their answers,
+    (status, body), in no particular order."""
+    from tests.clients import client_of
+
+    start = threading.Barrier(len(requests))
+    answers: list[tuple[int, dict]] = []
+    lock = threading.Lock()
+
+    def send(request) -> None:
+        try:
+            client = client_of(user, raise_request_exception=False)
+            start.wait(timeout=10)
+            response = request(client)
+            with lock:
+                answers.append((response.status_code, response.json()))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=send, args=(request,)) for request in requests]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return answers

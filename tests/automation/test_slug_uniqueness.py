@@ -3,15 +3,12 @@ a race the index decides answers the pre-check's 409, never a 500 or two rows.""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-from django.db import connection
 
 from automation import services as automation_services
 from automation.models import Automation
-from tests.clients import client_of
 from tests.factories import AutomationWithWorkerFactory, PlatformAdminFactory, SectorFactory
+from tests.locks import all_past, sent_together
 
 pytestmark = pytest.mark.django_db
 
@@ -22,36 +19,16 @@ def test_two_creations_racing_past_the_check_for_one_slug_give_one_201_and_one_4
 ):
     admin = PlatformAdminFactory()
     sector = SectorFactory()
-    start, after_check = threading.Barrier(2), threading.Barrier(2)
-    answers: list[tuple[int, dict]] = []
-    lock = threading.Lock()
-    checked = automation_services._require_free_slug
+    all_past(monkeypatch, automation_services, "_require_free_slug")
 
-    def check_then_wait(*args, **kwargs):
-        checked(*args, **kwargs)
-        after_check.wait(timeout=10)
+    def create(name: str):
+        return lambda client: client.post(
+            "/api/v1/automations",
+            {"name": name, "slug": "export", "sector": sector.id, "command": ["true"]},
+            format="json",
+        )
 
-    monkeypatch.setattr(automation_services, "_require_free_slug", check_then_wait)
-
-    def create(name: str) -> None:
-        try:
-            client = client_of(admin, raise_request_exception=False)
-            start.wait(timeout=10)
-            response = client.post(
-                "/api/v1/automations",
-                {"name": name, "slug": "export", "sector": sector.id, "command": ["true"]},
-                format="json",
-            )
-            with lock:
-                answers.append((response.status_code, response.json()))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=create, args=(name,)) for name in ("One", "Two")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    answers = sent_together(admin, [create("One"), create("Two")])
 
     statuses = sorted(status for status, _ in answers)
     assert statuses == [201, 409], answers

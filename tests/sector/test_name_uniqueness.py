@@ -9,8 +9,6 @@ refused every later change of either row. Both now compare the same key.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -21,6 +19,7 @@ from sector.models import Sector
 from sector.selectors import sector_name_in_use
 from tests.clients import client_of
 from tests.factories import PlatformAdminFactory, SectorFactory
+from tests.locks import all_past, sent_together
 
 pytestmark = pytest.mark.django_db
 
@@ -164,43 +163,15 @@ def _taken(*_args, **_kwargs) -> bool:
 # --- Races --------------------------------------------------------------------------------
 
 
-def _race(requests, *, after_check: threading.Barrier | None = None, monkeypatch=None):
-    """Send ``requests`` (callables taking a client) at once, each from its own thread and
-    database connection; the answers (status, body) in no particular order.
+def _race(requests, *, past_the_check: bool = False, monkeypatch=None):
+    """Send ``requests`` (callables taking a client) at once: the answers (status, body).
 
-    With ``after_check``, every request passes the name check before any of them writes:
-    the race the index alone has to decide, every time.
+    With ``past_the_check``, every request passes the name check before any of them
+    writes: the race the index alone has to decide, every time.
     """
-    admin = PlatformAdminFactory()
-    start = threading.Barrier(len(requests))
-    answers: list[tuple[int, dict]] = []
-    lock = threading.Lock()
-    if after_check is not None:
-        checked = sector_services.sector_name_in_use
-
-        def check_then_wait(*args, **kwargs):
-            in_use = checked(*args, **kwargs)
-            after_check.wait(timeout=10)
-            return in_use
-
-        monkeypatch.setattr(sector_services, "sector_name_in_use", check_then_wait)
-
-    def send(request) -> None:
-        try:
-            client = client_of(admin, raise_request_exception=False)
-            start.wait(timeout=10)
-            response = request(client)
-            with lock:
-                answers.append((response.status_code, response.json()))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=send, args=(request,)) for request in requests]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    return answers
+    if past_the_check:
+        all_past(monkeypatch, sector_services, "sector_name_in_use", len(requests))
+    return sent_together(PlatformAdminFactory(), requests)
 
 
 def _create(name: str, slug: str):
@@ -221,7 +192,7 @@ def _outcome(answers) -> list:
 def test_two_creations_racing_past_the_check_give_one_201_and_one_409(monkeypatch, first, second):
     answers = _race(
         [_create(first, "one"), _create(second, "two")],
-        after_check=threading.Barrier(2),
+        past_the_check=True,
         monkeypatch=monkeypatch,
     )
 
@@ -253,7 +224,7 @@ def test_two_renames_racing_past_the_check_give_one_200_and_one_409(monkeypatch)
                 f"/api/v1/sectors/{two.id}", {"name": "οδος x"}, format="json"
             ),
         ],
-        after_check=threading.Barrier(2),
+        past_the_check=True,
         monkeypatch=monkeypatch,
     )
 
