@@ -277,6 +277,16 @@ def _automation_inactive() -> Conflict:
     return Conflict("The automation is inactive.", code="automation_inactive")
 
 
+_SCHEMA_BROKEN = (
+    "The automation's parameter schema is broken; nothing can be started or scheduled until "
+    "it is fixed."
+)
+_SCHEMA_TOO_COSTLY = (
+    "The automation's parameter schema takes too long to check these parameters (a pattern "
+    "of it backtracks on them); the schema needs fixing."
+)
+
+
 def job_params_check(params: Any, *, schema: dict[str, Any] | None, automation_id: int) -> None:
     """The checks a job's parameters pass before it is created (also made by callers that
     keep parameters for later jobs, such as a schedule, when they are saved)."""
@@ -296,21 +306,20 @@ def job_params_check(params: Any, *, schema: dict[str, Any] | None, automation_i
     try:
         # The same validator that accepted the schema when the automation was saved.
         errors = params_errors(params, schema)
-    except TooCostly as exc:
-        # The schema's to fix, but only these parameters meet it: a warning, not an error
-        # any member could raise at will in the operators' alerts.
-        logger.warning("automation %s: its parameter schema is too costly: %s", automation_id, exc)
-        raise Conflict(
-            "The automation's parameter schema takes too long to check these parameters "
-            "(a pattern of it backtracks on them); the schema needs fixing.",
-            code="automation_misconfigured",
-            details={"params_schema": [str(exc)]},
-        ) from None
     except UnusableSchema as exc:
-        logger.error("automation %s: its parameter schema is unusable: %s", automation_id, exc)
+        # Too costly on these parameters, the schema is still the thing to fix, but only
+        # they meet it: a warning, not an error any member could raise at will in the
+        # operators' alerts.
+        costly = isinstance(exc, TooCostly)
+        logger.log(
+            logging.WARNING if costly else logging.ERROR,
+            "automation %s: its parameter schema is %s: %s",
+            automation_id,
+            "too costly" if costly else "unusable",
+            exc,
+        )
         raise Conflict(
-            "The automation's parameter schema is broken; nothing can be started or scheduled "
-            "until it is fixed.",
+            _SCHEMA_TOO_COSTLY if costly else _SCHEMA_BROKEN,
             code="automation_misconfigured",
             details={"params_schema": [str(exc)]},
         ) from None
