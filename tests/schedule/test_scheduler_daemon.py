@@ -23,10 +23,11 @@ from tests.schedule.support import jobs_of, new_schedule
 
 def _due_now(schedule: Schedule) -> None:
     # As if it had been created in the minute before this one: the current minute is due,
-    # and only it (the earlier ones, within the grace, would start too).
-    Schedule.objects.filter(pk=schedule.pk).update(
-        next_run_at=timezone.now().replace(second=0, microsecond=0)
-    )
+    # and only it (the earlier ones, within the grace, would start too). Hourly at that
+    # minute: a cycle that ends up in the next minute (a slow machine) finds one due time,
+    # not two.
+    due = timezone.now().replace(second=0, microsecond=0)
+    Schedule.objects.filter(pk=schedule.pk).update(cron=f"{due.minute} * * * *", next_run_at=due)
 
 
 @pytest.mark.django_db
