@@ -39,3 +39,33 @@ def other_connection() -> psycopg.Connection:
     return psycopg.connect(
         **{key: params[key] for key in ("dbname", "host", "port", "user") if key in params}
     )
+
+
+def probe_row_locks(monkeypatch, ids: list[int] | None = None) -> list[str]:
+    """Each parameter check first tries to lock schedules' rows from another connection,
+    without waiting (those of ``ids`` once it is filled, nothing before; every row without
+    ``ids``): what it found, free or locked, is kept, in order, in the list returned."""
+    from job import services as job_services
+
+    found: list[str] = []
+    check = job_services.params_errors
+
+    def probing(params, schema):
+        if ids is None or ids:
+            with other_connection() as other:
+                try:
+                    if ids is None:
+                        other.execute("SELECT id FROM schedules FOR UPDATE NOWAIT")
+                    else:
+                        other.execute(
+                            "SELECT id FROM schedules WHERE id = ANY(%s) FOR UPDATE NOWAIT",
+                            [ids],
+                        )
+                    found.append("free")
+                except psycopg.errors.LockNotAvailable:
+                    found.append("locked")
+                other.rollback()
+        return check(params, schema)
+
+    monkeypatch.setattr(job_services, "params_errors", probing)
+    return found

@@ -4,17 +4,15 @@ firing checks them when it plans, resuming checks them before it locks."""
 
 from __future__ import annotations
 
-import psycopg
 import pytest
 import time_machine
 
-from job import services as job_services
 from schedule import firing as schedule_firing
 from schedule.firing import schedules_fire_due
 from schedule.models import Schedule
 from schedule.services import schedule_pause, schedule_resume
 from tests.factories import AutomationFactory, TenantFactory
-from tests.schedule.support import jobs_of, new_schedule, other_connection, utc
+from tests.schedule.support import jobs_of, new_schedule, probe_row_locks, utc
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,23 +21,8 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
 
 @pytest.fixture
 def lock_probe(monkeypatch):
-    """Each parameter check first tries to lock the schedules' rows from another
-    connection, without waiting: what it found (free or locked) is kept, in order."""
-    found: list[str] = []
-    check = job_services.params_errors
-
-    def probing(params, schema):
-        with other_connection() as other:
-            try:
-                other.execute("SELECT id FROM schedules FOR UPDATE NOWAIT")
-                found.append("free")
-            except psycopg.errors.LockNotAvailable:
-                found.append("locked")
-            other.rollback()
-        return check(params, schema)
-
-    monkeypatch.setattr(job_services, "params_errors", probing)
-    return found
+    """What each parameter check found of the schedules' rows: free or locked."""
+    return probe_row_locks(monkeypatch)
 
 
 def due_schedules(count: int = 3, *, params=None) -> list[Schedule]:

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import psycopg
 import pytest
 import time_machine
 
-from job import services as job_services
 from schedule.firing import plan_of, schedules_fire_due, schedules_fire_planned
 from schedule.models import Schedule
 from schedule.stranded import schedules_stranded
 from tests.factories import AutomationFactory
-from tests.schedule.support import due_times_of, jobs_of, new_schedule, other_connection, utc
+from tests.schedule.support import due_times_of, jobs_of, new_schedule, probe_row_locks, utc
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,27 +23,10 @@ NOW = utc(2026, 6, 1, 12, 0, 30)
 
 @pytest.fixture
 def row_lock_probe(monkeypatch):
-    """Each parameter check first tries to lock the probed schedule's row from another
-    connection, without waiting: what it found (free or locked) is kept, in order."""
-    found: list[str] = []
+    """What each parameter check found of the probed schedules' rows (none until the test
+    names them): free or locked."""
     probed: list[int] = []
-    check = job_services.params_errors
-
-    def probing(params, schema):
-        if probed:
-            with other_connection() as other:
-                try:
-                    other.execute(
-                        "SELECT id FROM schedules WHERE id = %s FOR UPDATE NOWAIT", probed
-                    )
-                    found.append("free")
-                except psycopg.errors.LockNotAvailable:
-                    found.append("locked")
-                other.rollback()
-        return check(params, schema)
-
-    monkeypatch.setattr(job_services, "params_errors", probing)
-    return found, probed
+    return probe_row_locks(monkeypatch, probed), probed
 
 
 def test_the_monitor_checks_a_passed_over_schedules_parameters_before_it_locks_it(
