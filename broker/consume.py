@@ -273,10 +273,16 @@ class DeadLetterBox(ABC):
 
     @abstractmethod
     def requeue(
-        self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
+        self,
+        destination: str,
+        choose: Callable[[DeadLetter], bool],
+        limit: int,
+        before_send: Callable[[DeadLetter], None] | None = None,
     ) -> list[DeadLetter]:
         """Send the chosen messages (among the first ``limit``) back to the destination's
-        queue without their error context; return them."""
+        queue without their error context; return them. ``before_send`` is called with each
+        one just before it is sent: what a consumer receiving it at once must find is made
+        ready then."""
 
     @abstractmethod
     def discard(

@@ -99,16 +99,23 @@ def dead_letters_redrive(
     of them, among the first ``limit``); their runs start afresh. Returns those sent."""
     check_destinations([destination])
     with _box() as box:
-        sent = box.requeue(destination, _chooser(run_ids), limit)
+        sent = box.requeue(destination, _chooser(run_ids), limit, before_send=_start_afresh)
     for letter in sent:
-        if letter.run_id:
-            requeue_failed_run(letter.run_id)
         with log_context(run_id=letter.run_id):
             logger.info(
                 "dead letter sent back",
                 extra={"destination": destination, "task": letter.task, "actor": actor},
             )
     return sent
+
+
+def _start_afresh(letter: DeadLetter) -> None:
+    """The run of a message about to be sent back is queued first: a worker receiving the
+    message at once finds a run to start, not a failed one whose copy it would skip (and
+    acknowledge, the message lost). Should the sending fail, the run waits queued, as a run
+    whose message is lost does, for the stuck-job monitor (docs/state-machines.md)."""
+    if letter.run_id:
+        requeue_failed_run(letter.run_id)
 
 
 def dead_letters_purge(

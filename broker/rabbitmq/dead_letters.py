@@ -60,7 +60,11 @@ class RabbitMQDeadLetterBox(DeadLetterBox):
                 channel.close()
 
     def requeue(
-        self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
+        self,
+        destination: str,
+        choose: Callable[[DeadLetter], bool],
+        limit: int,
+        before_send: Callable[[DeadLetter], None] | None = None,
     ) -> list[DeadLetter]:
         channel = self._connection.channel()
         publisher = self._connection.channel()
@@ -75,6 +79,8 @@ class RabbitMQDeadLetterBox(DeadLetterBox):
                     for name, value in (properties.headers or {}).items()
                     if not name.startswith("x-error-") and name not in _BROKER_HEADERS
                 }
+                if before_send is not None:
+                    before_send(letter)
                 publisher.basic_publish(
                     "",
                     topology.queue_name(destination),

@@ -76,7 +76,11 @@ class SQSDeadLetterBox(DeadLetterBox):
         return [letter for _, letter in taken]
 
     def requeue(
-        self, destination: str, choose: Callable[[DeadLetter], bool], limit: int
+        self,
+        destination: str,
+        choose: Callable[[DeadLetter], bool],
+        limit: int,
+        before_send: Callable[[DeadLetter], None] | None = None,
     ) -> list[DeadLetter]:
         url, taken = self._take(destination, limit)
         target = self._client.get_queue_url(QueueName=topology.queue_name(destination))["QueueUrl"]
@@ -91,6 +95,8 @@ class SQSDeadLetterBox(DeadLetterBox):
                 if not name.startswith("x-error-") and name != "x-original-queue"
             }
             kwargs = {"MessageAttributes": attributes} if attributes else {}
+            if before_send is not None:
+                before_send(letter)
             self._client.send_message(QueueUrl=target, MessageBody=message["Body"], **kwargs)
             self._client.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
             sent.append(letter)

@@ -18,6 +18,7 @@ from broker.sqs.publisher import sqs_client
 from outbox.models import TaskRun
 from outbox.services import dispatch
 from tests.factories import UserFactory
+from tests.locks import Racer, another_session, until_another_waits
 from tests.ports import free_port
 from tests.worker.conftest import dead_letters
 
@@ -186,3 +187,48 @@ def test_a_broker_that_cannot_be_reached_is_said_on_the_page(admin_site, setting
     )
     assert response.status_code == 200
     assert any("The broker cannot be reached" in str(m) for m in response.context["messages"])
+
+
+def waiting_in(destination: str) -> int:
+    """How many messages wait in ``destination``'s own queue (not its dead letters)."""
+    queue = topology.queue_name(destination)
+    if settings.BROKER == "rabbitmq":
+        connection = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+        try:
+            return connection.channel().queue_declare(queue, passive=True).method.message_count
+        finally:
+            connection.close()
+    client = sqs_client()
+    url = client.get_queue_url(QueueName=queue)["QueueUrl"]
+    attributes = client.get_queue_attributes(
+        QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"]
+    )["Attributes"]
+    return int(attributes["ApproximateNumberOfMessages"])
+
+
+def test_a_message_sent_back_finds_its_run_already_queued(admin_site, topology_ready):
+    """A worker may receive the message the moment it is back in its queue: its run must be
+    queued by then, or the worker takes the copy for one of a failed run, skips it and
+    acknowledges it, and the run is left queued with no message."""
+    run_id = park(topology_ready)
+    sender = Racer(
+        "send-back",
+        lambda: admin_site.post(
+            PAGE, {"action": "redrive", "destination": "default", "run_id": run_id}
+        ),
+    )
+
+    with another_session() as session:
+        # The run's row held: the fresh start of the run waits here.
+        session.execute("SELECT 1 FROM task_runs WHERE run_id = %s FOR UPDATE", [run_id])
+        sender.start()
+        assert until_another_waits(done=sender.finished)
+        waiting_while_run_failed = waiting_in("default")
+    response = sender.join()
+
+    assert waiting_while_run_failed == 0
+    assert response.status_code == 302
+    run = TaskRun.objects.get(run_id=run_id)
+    assert (run.status, run.receive_count) == ("queued", 0)
+    assert waiting_in("default") == 1
+    assert dead_letters("default") == []
