@@ -25,7 +25,7 @@ from automation.services import (
     worker_rotate_credential,
 )
 from automation.validation import automation_errors, machine_errors
-from common.admin import DeactivatableAdmin, StorableJSONField, adopt
+from common.admin import DeactivatableAdmin, EditedAsShownForm, StorableJSONField, adopt
 from common.errors import DomainError
 from sector.selectors import sectors_active
 
@@ -38,7 +38,7 @@ def add_errors(form: forms.BaseForm, errors: dict[str, list[str]]) -> None:
                 form.add_error(target, problem)
 
 
-class AutomationAdminForm(forms.ModelForm):
+class AutomationAdminForm(EditedAsShownForm):
     class Meta:
         model = Automation
         fields = AUTOMATION_FIELDS
@@ -64,7 +64,7 @@ class AutomationAdminForm(forms.ModelForm):
         return cleaned
 
 
-class WorkerInlineForm(forms.ModelForm):
+class WorkerInlineForm(EditedAsShownForm):
     class Meta:
         model = Worker
         fields = MACHINE_FIELDS

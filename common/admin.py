@@ -188,6 +188,26 @@ def deactivate_action(description: str, deactivate: Callable[[Model, Any], Any])
     return action
 
 
+class EditedAsShownForm(forms.ModelForm):
+    """A change form whose save writes only what its operator changed on the page.
+
+    Each field carries, hidden beside it, its value as the page showed it
+    (``show_hidden_initial``): what the form counts as changed (``changed_data``, what the
+    admins hand to their services) is what differs from that, not from the row as it is
+    when the form comes back. A change another person made while the page was open (another
+    operator, a manager through the API) is kept, not set back to what the page showed.
+    A form sent without those values (not from the page) is compared with the row as it is.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is None:
+            return
+        for name, field in self.fields.items():
+            if not self.is_bound or self.add_initial_prefix(name) in self.data:
+                field.show_hidden_initial = True
+
+
 # A form error's message, by the kind of flaw ``first_flaw`` found (its code).
 _FLAWS = {"too_deep": TOO_DEEP, "unstorable_text": PROBLEM, "not_finite": NOT_FINITE}
 

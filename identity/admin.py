@@ -11,13 +11,20 @@ from django.contrib import admin, messages
 from django.contrib.auth.admin import GroupAdmin as DjangoGroupAdmin
 from django.contrib.auth.models import Group
 
-from common.admin import BadQueriesRefused, DeactivatableAdmin, NeverDeletedAdmin, deactivate_action
+from common.admin import (
+    BadQueriesRefused,
+    DeactivatableAdmin,
+    EditedAsShownForm,
+    NeverDeletedAdmin,
+    deactivate_action,
+)
 from identity import services
 from identity.models import RefreshToken, Tenant, User
 
 
 @admin.register(Tenant)
 class TenantAdmin(DeactivatableAdmin, admin.ModelAdmin):
+    form = EditedAsShownForm
     list_display = ("name", "slug", "is_active", "created_at", "deactivated_at")
     list_filter = ("is_active",)
     search_fields = ("name", "slug")
@@ -32,7 +39,10 @@ class TenantAdmin(DeactivatableAdmin, admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change) -> None:
         if change:
-            services.tenant_rename(tenant=obj, name=obj.name, actor=request.user)
+            # Renamed only when the name was changed on the page (not set back to the one
+            # the page showed, when someone renamed it meanwhile).
+            if "name" in form.changed_data:
+                services.tenant_rename(tenant=obj, name=obj.name, actor=request.user)
         else:
             created = services.tenant_create(name=obj.name, slug=obj.slug, actor=request.user)
             obj.pk = created.pk
@@ -47,6 +57,7 @@ class TenantAdmin(DeactivatableAdmin, admin.ModelAdmin):
 class UserAdmin(DeactivatableAdmin, admin.ModelAdmin):
     """Users are registered through the API (password rules, the UserRegistered event)."""
 
+    form = EditedAsShownForm
     list_display = ("email", "full_name", "tenant", "role", "is_active", "is_staff", "last_login")
     list_filter = ("is_active", "role", "is_staff", "tenant")
     search_fields = ("email", "full_name")
@@ -79,7 +90,9 @@ class UserAdmin(DeactivatableAdmin, admin.ModelAdmin):
         return False
 
     def save_model(self, request, obj, form, change) -> None:
-        services.user_update(user=obj, full_name=obj.full_name, role=obj.role, actor=request.user)
+        # What was changed on the page only: the rest stays as it is now.
+        changed = {f: form.cleaned_data[f] for f in ("full_name", "role") if f in form.changed_data}
+        services.user_update(user=obj, **changed, actor=request.user)
 
     deactivate = deactivate_action(
         "Deactivate the selected users",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django import forms
 from django.contrib import admin
 from django.db.models import Q
 from django.urls import reverse
@@ -12,6 +11,7 @@ from django.utils.safestring import mark_safe
 from common.admin import (
     ChoiceFilter,
     DeactivatableAdmin,
+    EditedAsShownForm,
     StorableJSONField,
     act_on_each,
     adopt,
@@ -19,6 +19,7 @@ from common.admin import (
     shown_at,
 )
 from common.errors import DomainError
+from identity.selectors import tenant_list
 from job.admin import job_page_links
 from job.services import job_params_check
 from schedule.console import job_origin
@@ -37,12 +38,18 @@ EDITABLE = ("name", "cron", "timezone", "params", "misfire")
 RECENT_RUNS = 20
 
 
-class ScheduleAdminForm(forms.ModelForm):
+class ScheduleAdminForm(EditedAsShownForm):
     params = StorableJSONField(required=False, initial=dict)
 
     class Meta:
         model = Schedule
         fields = ("tenant", "automation", *EDITABLE)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if "tenant" in self.fields:
+            # A schedule is added to an active tenant only (a deactivation ends its schedules).
+            self.fields["tenant"].queryset = tenant_list(is_active=True)
 
     def clean(self):
         cleaned = super().clean()

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from automation.selectors import automation_get
 from common.errors import Conflict, InvalidInput, NotFound
+from identity.selectors import tenant_is_active
 from job.services import job_automation_check, job_params_check
 from schedule import calendar
 from schedule.models import Misfire, Schedule
@@ -63,6 +64,9 @@ def schedule_create(
     first_run = first_due_after(expression, timezone_name, now)
     with transaction.atomic():
         _hold_within_limit(tenant)
+        # The API's callers are people of an active tenant already; the admin's are not.
+        if not tenant_is_active(tenant.pk):
+            raise Conflict("The tenant is deactivated.", code="tenant_inactive")
         schedule = Schedule(
             tenant=tenant,
             automation_id=automation.id,

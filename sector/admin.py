@@ -5,13 +5,13 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin
 
-from common.admin import DeactivatableAdmin, adopt
+from common.admin import DeactivatableAdmin, EditedAsShownForm, adopt
 from sector.models import Sector
 from sector.selectors import sector_name_in_use
 from sector.services import sector_create, sector_deactivate, sector_update
 
 
-class SectorAdminForm(forms.ModelForm):
+class SectorAdminForm(EditedAsShownForm):
     class Meta:
         model = Sector
         fields = ("name", "slug", "description")

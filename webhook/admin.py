@@ -13,6 +13,7 @@ from django.utils.html import format_html
 
 from common.admin import (
     ChoiceFilter,
+    EditedAsShownForm,
     NeverDeletedAdmin,
     OneJobFilter,
     act_on_each,
@@ -24,6 +25,7 @@ from common.admin import (
     shown_text,
 )
 from common.errors import DomainError
+from identity.selectors import tenant_list
 from job.admin import job_page_links
 from outbox.admin import task_run_outcome
 from outbox.console import event_job_ids, job_event_ids
@@ -42,7 +44,7 @@ from webhook.services import (
 )
 
 
-class EndpointAdminForm(forms.ModelForm):
+class EndpointAdminForm(EditedAsShownForm):
     event_types = forms.CharField(help_text="Comma-separated, e.g. JobCompleted, JobFailed.")
 
     class Meta:
@@ -51,6 +53,9 @@ class EndpointAdminForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        if "tenant" in self.fields:
+            # An endpoint is added to an active tenant only: a deactivated one has no events.
+            self.fields["tenant"].queryset = tenant_list(is_active=True)
         if self.instance.pk:
             self.initial["event_types"] = ", ".join(self.instance.event_types)
 

@@ -15,6 +15,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from common.errors import Conflict, InvalidInput, NotFound
+from identity.selectors import tenant_is_active
 from outbox.catalog import get_catalog
 from outbox.services import dispatch
 from webhook import transport
@@ -84,6 +85,9 @@ def endpoint_create(
     event_types = validated_event_types(event_types)
     tenant_id = getattr(tenant, "pk", tenant)
     _hold_within_limit(tenant_id)
+    # The API's callers are people of an active tenant already; the admin's are not.
+    if not tenant_is_active(tenant_id):
+        raise Conflict("The tenant is deactivated.", code="tenant_inactive")
     return WebhookEndpoint.objects.create(
         tenant_id=tenant_id,
         url=url,
