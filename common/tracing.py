@@ -42,10 +42,12 @@ _tracer_of: tuple[Any, Any] = (None, None)
 _instrumented = False
 
 __all__ = [
+    "Span",
     "SpanKind",
     "StatusCode",
     "active",
     "annotate",
+    "begin_trace",
     "configure",
     "context_of",
     "current_ids",
@@ -55,6 +57,7 @@ __all__ = [
     "record_span",
     "span",
     "trace_id_of",
+    "traceparent_of",
     "uninstrument",
 ]
 
@@ -74,7 +77,12 @@ def active() -> bool:
 
 def current_traceparent() -> str | None:
     """The current span as a W3C ``traceparent``, or None outside any recorded span."""
-    context = trace.get_current_span().get_span_context()
+    return traceparent_of(trace.get_current_span())
+
+
+def traceparent_of(recorded: Span) -> str | None:
+    """``recorded`` as a W3C ``traceparent``, or None for a span that is not recorded."""
+    context = recorded.get_span_context()
     if not context.is_valid:
         return None
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
@@ -123,6 +131,13 @@ def span(
         name, context=context_of(traceparent), kind=kind, attributes=_attributes(attributes)
     ) as current:
         yield current
+
+
+def begin_trace(name: str, *, attributes: Mapping[str, Any] | None = None) -> Span:
+    """A span that begins a trace of its own, whatever is current, and is not made current:
+    for each of many pieces of work begun together that are each a trace (the jobs of a
+    scheduler's batch). The caller ends it."""
+    return _tracer().start_span(name, context=Context(), attributes=_attributes(attributes))
 
 
 def annotate(**attributes: Any) -> None:

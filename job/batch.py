@@ -65,13 +65,17 @@ def jobs_create_many(requests: Sequence[JobRequest]) -> list[Job | DomainError]:
     # The same params against the same schema (one schedule's catch-up runs) are checked once.
     checked: dict[tuple[int, str], DomainError | None] = {}
     now = timezone.now()
-    traceparent = tracing.current_traceparent() or ""
     correlation_id = get_correlation_id()
+    # Nobody's request began these jobs: each begins a trace of its own (its JobCreated's
+    # rows, the machine's claim and report continue it), not one trace for the batch.
+    roots: list[tracing.Span] = []
     for request in requests:
         key = (request.automation.pk, json.dumps(request.params, sort_keys=True, default=str))
         if key not in checked:
             checked[key] = _refusal(request)
         refusal = checked[key]
+        if refusal is None and tracing.active():
+            roots.append(_root(request))
         outcomes.append(
             refusal
             if refusal is not None
@@ -83,29 +87,53 @@ def jobs_create_many(requests: Sequence[JobRequest]) -> list[Job | DomainError]:
                 triggered_by=request.triggered_by,
                 created_at=now,
                 updated_at=now,
-                traceparent=traceparent,
+                traceparent=tracing.traceparent_of(roots[-1]) if roots else "",
                 correlation_id=correlation_id,
             )
         )
     jobs = [outcome for outcome in outcomes if isinstance(outcome, Job)]
     if not jobs:
         return outcomes
-    # No savepoint of its own (two round trips): a failure here fails the caller's block,
-    # which undoes the batch (the firing's set, in its savepoint).
-    with transaction.atomic(savepoint=False):
-        _insert(jobs, now=now, traceparent=traceparent, correlation_id=correlation_id)
-        publish_many(
-            Occurrence(event.name, event.payload, aggregate=job, tenant=job.tenant_id)
-            for job in jobs
-            for event in (job.created_event(),)
-        )
-        # One count for the batch, when it commits (``count_transition`` per job would
-        # register as many callbacks).
-        transaction.on_commit(lambda: JOB_TRANSITIONS.labels(to=JobStatus.PENDING).inc(len(jobs)))
+    try:
+        # No savepoint of its own (two round trips): a failure here fails the caller's
+        # block, which undoes the batch (the firing's set, in its savepoint).
+        with transaction.atomic(savepoint=False):
+            _insert(jobs, now=now, correlation_id=correlation_id)
+            publish_many(
+                Occurrence(
+                    event.name,
+                    event.payload,
+                    aggregate=job,
+                    tenant=job.tenant_id,
+                    traceparent=job.traceparent or None,
+                )
+                for job in jobs
+                for event in (job.created_event(),)
+            )
+            # One count for the batch, when it commits (``count_transition`` per job would
+            # register as many callbacks).
+            transaction.on_commit(
+                lambda: JOB_TRANSITIONS.labels(to=JobStatus.PENDING).inc(len(jobs))
+            )
+    finally:
+        for job, root in zip(jobs, roots, strict=False):
+            if job.pk is not None:
+                root.set_attribute("hubdommed.job_id", job.pk)
+            root.end()
     return outcomes
 
 
-def _insert(jobs: list[Job], *, now, traceparent: str, correlation_id: str) -> None:
+def _root(request: JobRequest) -> tracing.Span:
+    return tracing.begin_trace(
+        "schedule.fire",
+        attributes={
+            "hubdommed.tenant_id": request.tenant_id,
+            "hubdommed.automation_id": request.automation.pk,
+        },
+    )
+
+
+def _insert(jobs: list[Job], *, now, correlation_id: str) -> None:
     """One INSERT for every job, a parameter a column (``common.columns``); each job gets
     its id."""
     sql, params = insert_sql(
@@ -115,11 +143,11 @@ def _insert(jobs: list[Job], *, now, traceparent: str, correlation_id: str) -> N
             "automation_id": [job.automation_id for job in jobs],
             "params": [job.params for job in jobs],
             "triggered_by": [job.triggered_by for job in jobs],
+            "traceparent": [job.traceparent for job in jobs],
         },
         same={
             "created_at": now,
             "updated_at": now,
-            "traceparent": traceparent,
             "correlation_id": correlation_id,
         },
     )

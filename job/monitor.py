@@ -10,6 +10,7 @@ Each is one transaction, and goes through the job's transitions like the use cas
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -17,9 +18,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from automation.selectors import automation_get, automations_with_silent_workers
+from common import tracing
 from job.metrics import RETRIED
 from job.models import Job, JobStatus, MonitorCycle
-from job.selectors import automations_with_jobs_pending_before
+from job.selectors import automations_with_jobs_pending_before, oldest_traceparent
 from job.services import (
     count_transition,
     lease_length,
@@ -84,7 +86,15 @@ def job_settle_lost(*, job_id: int) -> Settlement:
             job.requeue(now=now)
             save_transition(job, was=JobStatus.RUNNING)
             count_transition(job, to=RETRIED)
-            dispatch(POWER_ON_TASK, {"automation_id": int(job.automation_id)}, tenant=job.tenant_id)
+            # The job's next attempt is part of its trace, as its first was.
+            with tracing.maybe_span(
+                "monitor.requeue",
+                traceparent=job.traceparent or None,
+                attributes={"hubdommed.job_id": job.pk, "hubdommed.attempt": job.attempt},
+            ):
+                dispatch(
+                    POWER_ON_TASK, {"automation_id": int(job.automation_id)}, tenant=job.tenant_id
+                )
             outcome = Settlement.REQUEUED
         else:
             event = job.fail(
@@ -129,7 +139,8 @@ def jobs_renew_leases_after_outage(*, interval: float, margin: float) -> int:
             .distinct()
         )
         for automation_id in running_on:
-            dispatch(POWER_ON_TASK, {"automation_id": int(automation_id)})
+            with _in_trace_of_oldest(automation_id, JobStatus.RUNNING, "monitor.power_on"):
+                dispatch(POWER_ON_TASK, {"automation_id": int(automation_id)})
     logger.warning(
         "monitor: no cycle for %.0f s (the hub was down?): %s running jobs get a fresh lease",
         (now - cycle.ended_at).total_seconds(),
@@ -159,10 +170,13 @@ def jobs_restart_silent_workers(*, silent_since: datetime) -> list[int]:
         automations_with_jobs_pending_before(silent_since), silent_since=silent_since
     )
     for automation_id in automation_ids:
-        dispatch(
-            RESTART_TASK,
-            {"automation_id": int(automation_id), "silent_since": silent_since.isoformat()},
-        )
+        with _in_trace_of_oldest(
+            automation_id, JobStatus.PENDING, "monitor.restart", before=silent_since
+        ):
+            dispatch(
+                RESTART_TASK,
+                {"automation_id": int(automation_id), "silent_since": silent_since.isoformat()},
+            )
     return automation_ids
 
 
@@ -180,5 +194,22 @@ def jobs_resend_power_on(*, pending_before: datetime) -> list[int]:
         if automation_get(automation_id, active_only=True) is not None
     ]
     for automation_id in automation_ids:
-        dispatch(POWER_ON_TASK, {"automation_id": int(automation_id)})
+        with _in_trace_of_oldest(
+            automation_id, JobStatus.PENDING, "monitor.power_on", before=pending_before
+        ):
+            dispatch(POWER_ON_TASK, {"automation_id": int(automation_id)})
     return automation_ids
+
+
+def _in_trace_of_oldest(
+    automation_id: int, status: str, name: str, *, before: datetime | None = None
+) -> AbstractContextManager[object]:
+    """A span in the trace of the automation's job that has waited longest: the machine
+    the monitor powers on (or restarts) for its jobs is part of that job's story. Nothing
+    is read while tracing is off."""
+    if not tracing.active():
+        return nullcontext()
+    traceparent = oldest_traceparent(automation_id=automation_id, status=status, before=before)
+    return tracing.span(
+        name, traceparent=traceparent or None, attributes={"hubdommed.automation_id": automation_id}
+    )

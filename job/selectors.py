@@ -99,6 +99,13 @@ def job_list(
     return queryset.order_by("-created_at", "-id")
 
 
+def job_traceparent(job_id: int) -> str:
+    """The trace a job is (the W3C traceparent of what began it), for the hub's own work
+    about a job its events named; "" when there is no such job or it keeps no trace."""
+    found = Job.objects.filter(pk=job_id).values_list("traceparent", flat=True)
+    return found.first() or ""
+
+
 def job_get(*, tenant: Any, job_id: int) -> Job | None:
     """One of the tenant's jobs; another tenant's job is as absent as a missing one."""
     return Job.objects.filter(tenant=tenant, pk=job_id).first()
@@ -137,6 +144,16 @@ def automations_with_jobs_pending_before(cutoff: datetime) -> list[int]:
         .values_list("automation_id", flat=True)
         .distinct()
     )
+
+
+def oldest_traceparent(*, automation_id: int, status: str, before: datetime | None = None) -> str:
+    """The trace of the automation's oldest job in ``status`` (since before ``before``):
+    what the hub does again for the automation's waiting jobs continues the trace of the
+    one that has waited longest. "" when it has none, or keeps no trace."""
+    jobs = Job.objects.filter(automation_id=automation_id, status=status)
+    if before is not None:
+        jobs = jobs.filter(created_at__lt=before, updated_at__lt=before)
+    return jobs.order_by("created_at", "id").values_list("traceparent", flat=True).first() or ""
 
 
 def jobs_pending_of(

@@ -144,6 +144,9 @@ class Occurrence:
     aggregate: Any
     tenant: Any = None
     actor: Any = None
+    # The trace its rows continue (a W3C traceparent), when it is not the current span's:
+    # the events of a batch that are each of a trace of their own.
+    traceparent: str | None = None
 
 
 # Events ``publish_many`` writes in one statement. Its rows go as columns, so its parameters
@@ -196,6 +199,7 @@ def _publish_chunk(occurrences: list[Occurrence]) -> list[Published]:
                 *_aggregate_key(occurrence.aggregate),
                 _id_of(occurrence.tenant),
                 actor_label(occurrence.actor),
+                occurrence.traceparent or traceparent,
             )
         )
     # The events' ids first (one statement): each envelope then carries its own, and is
@@ -219,7 +223,7 @@ def _publish_chunk(occurrences: list[Occurrence]) -> list[Published]:
                 payload=event.payload,
                 occurred_at=occurred_at,
                 correlation_id=correlation_id,
-                traceparent=traceparent,
+                traceparent=event.traceparent,
             )
             text = json.dumps(envelope, separators=(",", ":"))
             _check_size(spec.name, len(text.encode()))
@@ -269,6 +273,7 @@ class _Prepared:
     aggregate_id: str
     tenant_id: int | None
     actor: str
+    traceparent: str | None
 
 
 _NEW_EVENTS = 'SELECT "id", "occurred_at" FROM new_events'

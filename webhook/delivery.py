@@ -28,6 +28,7 @@ import json
 import logging
 import random
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -43,6 +44,7 @@ from django.utils import timezone
 from common import tracing
 from common.context import log_context
 from common.errors import Conflict, NotFound
+from job.selectors import job_traceparent
 from outbox.catalog import get_catalog
 from outbox.services import actor_label, dispatch
 from webhook import transport
@@ -118,7 +120,15 @@ def schedule_deliveries(deliveries: list[WebhookDelivery], *, delay: float | Non
     """One new run for these deliveries of one endpoint, due after ``delay``: it begins with
     the first (its payload's), then takes the others (the caller saves them)."""
     first = deliveries[0]
-    run_id = dispatch(DELIVER_TASK, {"delivery_id": first.pk}, tenant=first.tenant_id, delay=delay)
+    # The run is in the trace of the job it begins with, whichever run or request asks
+    # for it (a probe's run taking up the parked deliveries of other jobs).
+    traceparent = _trace_of(first.body)
+    with (
+        tracing.span("webhook.schedule", traceparent=traceparent) if traceparent else nullcontext()
+    ):
+        run_id = dispatch(
+            DELIVER_TASK, {"delivery_id": first.pk}, tenant=first.tenant_id, delay=delay
+        )
     due_at = timezone.now() + timedelta(seconds=delay or 0)
     for delivery in deliveries:
         delivery.schedule(run_id=run_id, due_at=due_at)
@@ -344,6 +354,7 @@ def _send(request: _Request) -> tuple[datetime, transport.Answer]:
     started_at = timezone.now()
     with tracing.maybe_span(
         "webhook.deliver POST",
+        traceparent=_trace_of(request.body),
         kind=tracing.SpanKind.CLIENT,
         attributes={
             "http.request.method": "POST",
@@ -359,6 +370,23 @@ def _send(request: _Request) -> tuple[datetime, transport.Answer]:
             if answer.error or (answer.status_code or 0) >= 400:
                 span.set_status(tracing.StatusCode.ERROR, answer.error[:200] or None)
     return started_at, answer
+
+
+def _trace_of(body: str) -> str | None:
+    """The trace of the job a delivery's ``body`` is about, when it is not the current
+    one: a run takes the deliveries of many jobs (a failing endpoint's parked ones, taken
+    up together by its probe's run), and each attempt, what its receiver is told and the
+    runs it asks for stay in their own job's trace. None: the current span will do."""
+    if not tracing.active():
+        return None
+    job_id = _job_id_of(body)
+    if job_id is None:
+        return None
+    traceparent = job_traceparent(job_id)
+    current = tracing.current_ids()
+    if not traceparent or (current and tracing.trace_id_of(traceparent) == current[0]):
+        return None
+    return traceparent
 
 
 def _fast(answer: transport.Answer) -> bool:
