@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -38,6 +39,11 @@ if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hubdommed.settings")
 from django.conf import settings as _settings
 
+from common.env import settings_or_exit
+from lifecycle.values import parse_number
+
+settings_or_exit()
+
 logconfig_dict = {
     **_settings.LOGGING,
     "loggers": {
@@ -50,7 +56,19 @@ logconfig_dict = {
 }
 
 bind = f"{os.environ.get('HOST', '127.0.0.1')}:{os.environ.get('PORT', '8000')}"
-workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+
+
+def _web_concurrency() -> int:
+    """Worker processes: 0 would be a master that listens and never answers."""
+    raw = os.environ.get("WEB_CONCURRENCY", "2")
+    try:
+        return int(parse_number(raw, whole=True, minimum=1, maximum=1000))
+    except ValueError as exc:
+        sys.stderr.write(f"cannot start: WEB_CONCURRENCY={raw!r} is not {exc}\n")
+        raise SystemExit(1) from None
+
+
+workers = _web_concurrency()
 # Each request is logged by the application itself (method, route, status, duration,
 # with its correlation id): no access log of gunicorn's beside it (see logconfig_dict).
 accesslog = None

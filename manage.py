@@ -11,6 +11,10 @@ def main() -> None:
 
     catch_stop_during_startup(sys.argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hubdommed.settings")
+    # A bad variable: one line naming it, before any command starts.
+    from common.env import settings_or_exit
+
+    settings_or_exit()
     from django.core.management import execute_from_command_line
 
     execute_from_command_line(sys.argv)

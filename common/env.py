@@ -7,11 +7,15 @@ misconfigured service fails at start-up instead of at its first request.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
+
+from lifecycle.values import parse_number
 
 
 class Env:
@@ -28,32 +32,57 @@ class Env:
             raw = self._env.str(var, default="")
             raise ImproperlyConfigured(f"{var}={raw!r} is not a valid {kind}: {exc}") from exc
 
-    def str(self, var: str, default: Any = environ.Env.NOTSET) -> str:
-        return self._read("str", var, default)
+    def str(self, var: str, default: Any = environ.Env.NOTSET, *, blank: bool = True) -> str:
+        """``blank=False``: a name or a place that empty would silently change (an empty
+        METRICS_HOST listens on every interface, an empty exchange is RabbitMQ's default)."""
+        value = self._read("str", var, default)
+        if not blank and not value.strip():
+            raise ImproperlyConfigured(f"{var}={value!r} is empty: leave it unset or give a value")
+        return value
 
     def bool(self, var: str, default: Any = environ.Env.NOTSET) -> bool:
-        raw = self._env.str(var, default="").strip().lower()
-        if raw and raw not in _BOOLEAN_WORDS:
-            raise ImproperlyConfigured(
-                f"{var}={raw!r} is not a boolean: use one of {', '.join(sorted(_BOOLEAN_WORDS))}"
-            )
+        # Set but empty is refused too: read as false, it would turn a secure default
+        # (SESSION_COOKIE_SECURE, say) off without a word.
+        if var in os.environ:
+            raw = os.environ[var].strip().lower()
+            if raw not in _BOOLEAN_WORDS:
+                raise ImproperlyConfigured(
+                    f"{var}={os.environ[var]!r} is not a boolean: use one of "
+                    f"{', '.join(sorted(_BOOLEAN_WORDS))}"
+                )
         return self._read("bool", var, default)
 
     def int(
-        self, var: str, default: Any = environ.Env.NOTSET, *, minimum: int | None = None
+        self,
+        var: str,
+        default: Any = environ.Env.NOTSET,
+        *,
+        minimum: int | None = None,
+        maximum: int | None = None,
     ) -> int:
-        return self._number("int", var, default, minimum)
+        return self._number(var, default, whole=True, minimum=minimum, maximum=maximum)
 
     def float(
-        self, var: str, default: Any = environ.Env.NOTSET, *, minimum: float | None = None
+        self,
+        var: str,
+        default: Any = environ.Env.NOTSET,
+        *,
+        minimum: float | None = None,
+        maximum: float | None = None,
     ) -> float:
-        return self._number("float", var, default, minimum)
+        return self._number(var, default, whole=False, minimum=minimum, maximum=maximum)
 
-    def _number(self, kind: str, var: str, default: Any, minimum: Any) -> Any:
-        value = self._read(kind, var, default)
-        if minimum is not None and value < minimum:
-            raise ImproperlyConfigured(f"{var}={value} must be at least {minimum}")
-        return value
+    def _number(self, var: str, default: Any, *, whole: bool, minimum: Any, maximum: Any) -> Any:
+        """The variable read strictly (``lifecycle.values``): ``5s`` or ``1e3s`` is refused,
+        never read as 5 or 13 as django-environ would; unset, the default."""
+        if var not in os.environ:
+            if default is environ.Env.NOTSET:
+                raise ImproperlyConfigured(f"{var} must be set")
+            return default
+        try:
+            return parse_number(os.environ[var], whole=whole, minimum=minimum, maximum=maximum)
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{var}={os.environ[var]!r} is not {exc}") from None
 
     def choice(self, var: str, choices: Sequence[str], default: str) -> str:
         value = self.str(var, default).strip().lower()
@@ -93,3 +122,17 @@ def _check_scheme(var: str, value: str, schemes: Sequence[str]) -> None:
         raise ImproperlyConfigured(
             f"{var}={value!r} is not a valid URL: expected a scheme among {', '.join(schemes)}"
         )
+
+
+def settings_or_exit() -> None:
+    """Read the settings now. A bad variable ends the process with one line that names it
+    and says what it accepts (exit 1), not a traceback from wherever the settings happened
+    to be first read (under a Django command, one that starts with a ``KeyError``)."""
+    from django.conf import settings
+
+    try:
+        settings.INSTALLED_APPS  # noqa: B018 (reading it loads every setting)
+    except ImproperlyConfigured as exc:
+        sys.stderr.write(f"cannot start: {exc}\n")
+        sys.stderr.flush()
+        raise SystemExit(1) from None

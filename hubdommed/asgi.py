@@ -17,7 +17,11 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from common.env import settings_or_exit
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hubdommed.settings")
 os.environ.setdefault("DB_CONN_MAX_AGE", "0")
+# A bad variable: one line naming it, before uvicorn serves anything.
+settings_or_exit()
 
 application = get_asgi_application()

@@ -119,7 +119,9 @@ DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
 # lock. Not for the other commands: ``migrate`` builds indexes concurrently, which waits
 # for every older transaction and must not give up half-way. Sent as a connection option:
 # behind PgBouncer, allow it (ignore_startup_parameters) or set it to 0.
-DB_LOCK_TIMEOUT = env.int("DB_LOCK_TIMEOUT", default=30, minimum=0)
+# PostgreSQL takes at most 2147483 s (its milliseconds in an int); past it every
+# connection of a daemon would be refused.
+DB_LOCK_TIMEOUT = env.int("DB_LOCK_TIMEOUT", default=30, minimum=0, maximum=2_147_483)
 if DB_LOCK_TIMEOUT and daemon_process():
     _options = DATABASES["default"]["OPTIONS"]
     _options["options"] = " ".join(
@@ -146,7 +148,7 @@ MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 STATIC_URL = "static/"
 # Where `collectstatic` gathers the admin's and the API docs' files (`make run` and the image
 # run it), for WhiteNoise to serve without DEBUG.
-STATIC_ROOT = env.str("STATIC_ROOT", default=str(BASE_DIR / "var" / "static"))
+STATIC_ROOT = env.str("STATIC_ROOT", default=str(BASE_DIR / "var" / "static"), blank=False)
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {
@@ -160,7 +162,7 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 # --- Redis: an accelerator only (the outbox wake signal, throttling counters) -------------
 REDIS_URL = env.url("REDIS_URL", default="redis://127.0.0.1:6379/0", schemes=("redis", "rediss"))
-REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="hubdommed")
+REDIS_KEY_PREFIX = env.str("REDIS_KEY_PREFIX", default="hubdommed", blank=False)
 # Seconds to wait for Redis before giving up: a request must never hang on it.
 REDIS_SOCKET_TIMEOUT = env.float("REDIS_SOCKET_TIMEOUT", default=0.5, minimum=0.01)
 # After a failed call this process skips Redis, and a thread of its own asks it this often
@@ -192,10 +194,10 @@ BROKER_WAIT_SECONDS = env.float("BROKER_WAIT_SECONDS", default=60.0, minimum=0)
 RABBITMQ_URL = env.urls(
     "RABBITMQ_URL", default="amqp://guest:guest@127.0.0.1:5672/%2F", schemes=("amqp", "amqps")
 )
-RABBITMQ_EXCHANGE = env.str("RABBITMQ_EXCHANGE", default="dom_med")
+RABBITMQ_EXCHANGE = env.str("RABBITMQ_EXCHANGE", default="dom_med", blank=False)
 # Queue names on either transport: <prefix><queue class>, and <prefix><queue class>-dlq.
 QUEUE_PREFIX = env.str("QUEUE_PREFIX", default="hubdommed-")
-AWS_REGION = env.str("AWS_REGION", default="us-east-1")
+AWS_REGION = env.str("AWS_REGION", default="us-east-1", blank=False)
 SQS_ENDPOINT_URL = env.str("SQS_ENDPOINT_URL", default="") or None
 EC2_ENDPOINT_URL = env.str("EC2_ENDPOINT_URL", default="") or None
 
@@ -216,7 +218,8 @@ OUTBOX_MAX_DELAY_SECONDS = env.int("OUTBOX_MAX_DELAY_SECONDS", default=7 * 24 * 
 
 # --- Background workers -------------------------------------------------------------------
 QUEUES = env.list("QUEUES", default=["critical", "default", "bulk", "maintenance"])
-WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=4, minimum=1)
+# A thread each (more processes beyond a thousand, not more threads).
+WORKER_CONCURRENCY = env.int("WORKER_CONCURRENCY", default=4, minimum=1, maximum=1000)
 WORKER_STOP_BUDGET = env.float("WORKER_STOP_BUDGET", default=30.0, minimum=0)
 # The relay, the scheduler and the monitor end their stop within this many seconds of the
 # signal, whatever they were blocked on (a database or broker that hung mid-answer): past
@@ -236,12 +239,17 @@ WORKER_PREFETCH_PER_SLOT = env.int("WORKER_PREFETCH_PER_SLOT", default=16, minim
 WORKER_READY_FILE = env.str("WORKER_READY_FILE", default="")
 # SQS: seconds a received message stays invisible (0: the design's table per queue
 # class) and between heartbeats that extend it (0: a third of the visibility).
-WORKER_VISIBILITY_TIMEOUT = env.float("WORKER_VISIBILITY_TIMEOUT", default=0, minimum=0)
+# SQS takes at most 12 hours.
+WORKER_VISIBILITY_TIMEOUT = env.float(
+    "WORKER_VISIBILITY_TIMEOUT", default=0, minimum=0, maximum=43200
+)
 WORKER_HEARTBEAT_INTERVAL = env.float("WORKER_HEARTBEAT_INTERVAL", default=0, minimum=0)
 # SQS long poll per receive (0-20 s): also how long a stop may wait for a poll to end.
-WORKER_SQS_WAIT_SECONDS = env.int("WORKER_SQS_WAIT_SECONDS", default=5, minimum=0)
+WORKER_SQS_WAIT_SECONDS = env.int("WORKER_SQS_WAIT_SECONDS", default=5, minimum=0, maximum=20)
 # RabbitMQ connection heartbeat in seconds (0: what the broker proposes).
-WORKER_RABBITMQ_HEARTBEAT = env.int("WORKER_RABBITMQ_HEARTBEAT", default=0, minimum=0)
+WORKER_RABBITMQ_HEARTBEAT = env.int(
+    "WORKER_RABBITMQ_HEARTBEAT", default=0, minimum=0, maximum=65535
+)
 
 # --- Identity -----------------------------------------------------------------------------
 ACCESS_TOKEN_LIFETIME = timedelta(
@@ -301,6 +309,17 @@ JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS = env.float(
 # The pause a client is told to take before it comes back (SSE's ``retry``): after a
 # stream ends early, and between the API's own answers to a follower (see docs/api.md).
 JOB_OUTPUT_FOLLOW_RETRY_MS = env.int("JOB_OUTPUT_FOLLOW_RETRY_MS", default=1000, minimum=1)
+# The streams one stream process holds at most, in all and for one tenant (past them a
+# follower gets a 429), and how long a client may read nothing before its stream is closed
+# (one that never reads would otherwise hold its stream, and the bytes waiting for it,
+# for ever).
+JOB_OUTPUT_FOLLOW_MAX_STREAMS = env.int("JOB_OUTPUT_FOLLOW_MAX_STREAMS", default=1000, minimum=1)
+JOB_OUTPUT_FOLLOW_MAX_PER_TENANT = env.int(
+    "JOB_OUTPUT_FOLLOW_MAX_PER_TENANT", default=100, minimum=1
+)
+JOB_OUTPUT_FOLLOW_STALL_SECONDS = env.float(
+    "JOB_OUTPUT_FOLLOW_STALL_SECONDS", default=60.0, minimum=0.1
+)
 # Days a finished job's log is kept after its end; then the stuck-job monitor deletes its
 # chunks (the job keeps its output_tail). 0 keeps every log forever.
 JOB_OUTPUT_RETENTION_DAYS = env.int("JOB_OUTPUT_RETENTION_DAYS", default=30, minimum=0)
@@ -477,15 +496,15 @@ if unknown_exporters := set(TRACING_EXPORTERS) - set(_TRACES_EXPORTERS):
     )
 TRACING_EXPORTERS = tuple(name for name in TRACING_EXPORTERS if name != "none")
 TRACING_ENABLED = bool(TRACING_EXPORTERS) and not env.bool("OTEL_SDK_DISABLED", default=False)
-TRACING_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", default="hubdommed")
+TRACING_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", default="hubdommed", blank=False)
 
 # --- Metrics ------------------------------------------------------------------------------
 # The port a daemon (run_relay, run_worker, watch_stuck_jobs, run_scheduler) serves /metrics
 # on; 0: off. `make run` gives each daemon its own (docs/OPERATIONS.md).
-METRICS_PORT = env.int("METRICS_PORT", default=0, minimum=0)
+METRICS_PORT = env.int("METRICS_PORT", default=0, minimum=0, maximum=65535)
 # The address it listens on: loopback unless told otherwise (0.0.0.0 in a container, where
 # the orchestrator decides who reaches the port).
-METRICS_HOST = env.str("METRICS_HOST", default="127.0.0.1")
+METRICS_HOST = env.str("METRICS_HOST", default="127.0.0.1", blank=False)
 # A file the daemon touches after each loop iteration, for a container's health check
 # (empty: none).
 LIVENESS_FILE = env.str("LIVENESS_FILE", default="")
@@ -614,10 +633,14 @@ HUB_URL = env.url("HUB_URL", default="http://127.0.0.1:8000", schemes=("http", "
 AGENT_POLL_INTERVAL = env.float("AGENT_POLL_INTERVAL", default=5.0, minimum=0.05)
 AGENT_IDLE_TIMEOUT = env.float("AGENT_IDLE_TIMEOUT", default=600.0, minimum=0)
 # The local provider's lock, pid and log files, one set per automation.
-LOCAL_MACHINES_DIR = env.str("LOCAL_MACHINES_DIR", default=str(BASE_DIR / "var" / "machines"))
+LOCAL_MACHINES_DIR = env.str(
+    "LOCAL_MACHINES_DIR", default=str(BASE_DIR / "var" / "machines"), blank=False
+)
 # Where seed_demo (run by `make run`) keeps the demo manager's login (default:
 # var/demo-login.txt in the checkout).
-DEMO_LOGIN_FILE = env.str("DEMO_LOGIN_FILE", default=str(BASE_DIR / "var" / "demo-login.txt"))
+DEMO_LOGIN_FILE = env.str(
+    "DEMO_LOGIN_FILE", default=str(BASE_DIR / "var" / "demo-login.txt"), blank=False
+)
 # Where the automation worker keeps the outcomes the hub has not taken yet, on its machine's
 # disk (<dir>/<slug>.outcomes/); empty: LOCAL_MACHINES_DIR (a local machine's disk).
 AGENT_STATE_DIR = env.str("AGENT_STATE_DIR", default="")

@@ -4,6 +4,10 @@ import os
 
 from django.core.wsgi import get_wsgi_application
 
+from common.env import settings_or_exit
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hubdommed.settings")
+# A bad variable: one line naming it (under a server that reads no gunicorn.conf.py too).
+settings_or_exit()
 
 application = get_wsgi_application()

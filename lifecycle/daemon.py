@@ -41,6 +41,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from lifecycle import Stop
 from lifecycle.startup import bounded_stop, stopped_during_startup
+from lifecycle.values import number_option
 
 DATABASE_ERRORS = (OperationalError, InterfaceError)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -95,7 +96,7 @@ class Daemon(BaseCommand):
         parser.add_argument("--once", action="store_true", help="run one cycle, then exit")
         parser.add_argument(
             "--interval",
-            type=float,
+            type=number_option(minimum=0.01),
             default=None,
             help=f"seconds between cycles (default: {self.interval_setting})",
         )

@@ -17,6 +17,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from broker import TransportUnavailable, get_transport, topology
 from broker.topology import QUEUES, automation_queue_name
+from lifecycle import Stop
+from lifecycle.values import number_option
 
 
 class Command(BaseCommand):
@@ -25,7 +27,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument(
             "--automation",
-            type=int,
+            type=number_option(whole=True, minimum=1, maximum=2**63 - 1),
             action="append",
             default=[],
             metavar="ID",
@@ -33,7 +35,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--wait",
-            type=float,
+            type=number_option(minimum=0),
             default=settings.BROKER_WAIT_SECONDS,
             metavar="SECONDS",
             help="wait at most this long for the broker to answer (default: "
@@ -42,6 +44,11 @@ class Command(BaseCommand):
 
     def handle(self, *args, automation: list[int], wait: float, **options) -> str:
         destinations = [*QUEUES, *(automation_queue_name(i) for i in automation)]
+        # A stop asked for while the broker is waited for (an orchestrator's SIGTERM, a
+        # Ctrl-C) ends the wait at once, with one line and exit 1: the topology is not
+        # declared, so what was to run after it (`setup_broker && run_relay`) does not.
+        stop = Stop()
+        stop.install()
         deadline = time.monotonic() + max(0.0, wait)
         pause = 1.0
         while True:
@@ -51,6 +58,8 @@ class Command(BaseCommand):
             except topology.UnknownDestination as exc:
                 raise CommandError(f"broker topology not declared: {exc}") from exc
             except TransportUnavailable as exc:
+                if stop.requested:
+                    raise CommandError(_stopped()) from None
                 if time.monotonic() + pause > deadline:
                     raise CommandError(
                         f"broker topology not declared: no answer from {broker_address()} "
@@ -60,7 +69,8 @@ class Command(BaseCommand):
                     f"waiting for the broker ({broker_address()}) to answer: {exc}; "
                     f"trying again in {pause:g} s"
                 )
-                time.sleep(pause)
+                if stop.wait(pause):
+                    raise CommandError(_stopped()) from None
                 pause = min(pause * 2, 5.0)
         where = f"exchange {settings.RABBITMQ_EXCHANGE}" if settings.BROKER == "rabbitmq" else "SQS"
         names = ", ".join(topology.queue_name(d) for d in destinations)
@@ -74,6 +84,10 @@ class Command(BaseCommand):
                 transport.ensure_destination(destination)
         finally:
             transport.close()
+
+
+def _stopped() -> str:
+    return f"stopped while waiting for the broker ({broker_address()}): topology not declared"
 
 
 def broker_address() -> str:

@@ -19,6 +19,7 @@ from django.core.management.base import BaseCommand, CommandError
 from broker import TransportUnavailable, topology
 from broker.consume import DeadLetter
 from broker.topology import QUEUES
+from lifecycle.values import number_option
 from worker.dead_letters import dead_letters_list, dead_letters_purge, dead_letters_redrive
 
 
@@ -36,7 +37,12 @@ class Command(BaseCommand):
         parser.add_argument("--requeue-all", action="store_true")
         parser.add_argument("--purge", nargs="+", default=[], metavar="RUN_ID")
         parser.add_argument("--purge-all", action="store_true")
-        parser.add_argument("--limit", type=int, default=1000, help="messages looked at per queue")
+        parser.add_argument(
+            "--limit",
+            type=number_option(whole=True, minimum=1),
+            default=1000,
+            help="messages looked at per queue",
+        )
 
     def handle(
         self, *args, queue, requeue, requeue_all, purge, purge_all, limit, **options

@@ -32,6 +32,7 @@ from common.logs import flush_now
 from common.metrics import serve_metrics
 from lifecycle import Backoff, Stop
 from lifecycle.startup import bounded_stop, stopped_during_startup
+from lifecycle.values import number_option
 from worker.builders import build_automation_worker, build_task_worker
 
 logger = logging.getLogger("hubdommed.worker")
@@ -78,7 +79,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument(
             "--queues",
-            default=",".join(settings.QUEUES),
+            default=None,
             help="comma-separated queue classes, in order of priority (default: QUEUES)",
         )
         parser.add_argument(
@@ -88,37 +89,63 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--poll-interval",
-            type=float,
-            default=settings.AGENT_POLL_INTERVAL,
+            type=number_option(minimum=0.05),
+            default=None,
             help="with --automation: seconds between polls of the hub "
             "(default: AGENT_POLL_INTERVAL)",
         )
         parser.add_argument(
             "--idle-timeout",
-            type=float,
-            default=settings.AGENT_IDLE_TIMEOUT,
+            type=number_option(minimum=0),
+            default=None,
             help="with --automation: exit after this many idle seconds, 0 never "
             "(default: AGENT_IDLE_TIMEOUT)",
         )
         parser.add_argument(
             "--concurrency",
-            type=int,
-            default=settings.WORKER_CONCURRENCY,
+            type=number_option(whole=True, minimum=1, maximum=1000),
+            default=None,
             help="tasks in flight at once in this process (default: WORKER_CONCURRENCY)",
         )
 
-    def handle(self, *args, queues: str, concurrency: int, automation: str | None, **options):
+    def handle(
+        self,
+        *args,
+        queues: str | None,
+        concurrency: int | None,
+        automation: str | None,
+        **options,
+    ):
+        # An option that does not apply to the kind of worker asked for is refused, not
+        # ignored: the worker would run without what its operator meant.
+        poll_interval, idle_timeout = options["poll_interval"], options["idle_timeout"]
+        if automation:
+            given = {"--queues": queues, "--concurrency": concurrency}
+        else:
+            given = {"--poll-interval": poll_interval, "--idle-timeout": idle_timeout}
+        foreign = [name for name, value in given.items() if value is not None]
+        if foreign:
+            raise CommandError(
+                f"{' and '.join(foreign)} {'apply' if len(foreign) > 1 else 'applies'} only "
+                + ("without --automation" if automation else "with --automation")
+            )
         # Asked twice: leave now (the lines written so far first). Unsettled messages come
         # back by themselves.
         self.stop.install(twice=_leave_now)
         if stopped_during_startup():
             self.stop.set()
         if automation:
+            if poll_interval is None:
+                poll_interval = settings.AGENT_POLL_INTERVAL
+            if idle_timeout is None:
+                idle_timeout = settings.AGENT_IDLE_TIMEOUT
             return self.run_automation_worker(
-                automation,
-                poll_interval=options["poll_interval"],
-                idle_timeout=options["idle_timeout"] or None,
+                automation, poll_interval=poll_interval, idle_timeout=idle_timeout or None
             )
+        if queues is None:
+            queues = ",".join(settings.QUEUES)
+        if concurrency is None:
+            concurrency = settings.WORKER_CONCURRENCY
         destinations = parse_queues(queues)
         if concurrency < 1:
             raise CommandError("--concurrency must be at least 1")
