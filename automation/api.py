@@ -28,7 +28,7 @@ from automation.services import (
     worker_rotate_credential,
     worker_seen,
 )
-from common.api import NeverDeleted, PartialUpdate, validated
+from common.api import NeverDeleted, PartialUpdate, validated, validated_query
 from common.schema import change_schema, create_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
@@ -184,7 +184,7 @@ class AutomationListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView)
     serializer_class = AutomationSerializer
 
     def get_queryset(self) -> QuerySet[Automation]:
-        filters = validated(AutomationFilterSerializer, self.request.query_params)
+        filters = validated_query(AutomationFilterSerializer, self.request)
         return automation_list(
             caller=self.request.user,
             active=filters["active"],

@@ -22,6 +22,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, serializers, status
@@ -160,9 +161,53 @@ def server_error_view(request):
     return JsonResponse(error_body("internal_error", "An unexpected error occurred."), status=500)
 
 
+def page_parameter(request, name: str, *, minimum: int, maximum: int | None = None) -> int | None:
+    """The whole number a list's query parameter ``name`` gives (``limit``, ``offset``), or
+    None when it is not given: a 400 ``invalid`` naming it when it is not one, or is out of
+    bounds. DRF's paginators read such a value as their default instead (``limit=0``,
+    ``limit=-1``, ``limit=abc`` a page of 50, ``limit=1000`` a page of 200, ``offset=-1``
+    the first page): a page the client did not ask for, answered 200."""
+    refuse_repeated(request, name)
+    given = request.query_params.get(name)
+    if given is None:
+        return None
+    field = serializers.IntegerField(min_value=minimum, max_value=maximum)
+    try:
+        return field.run_validation(given)
+    except serializers.ValidationError as exc:
+        raise serializers.ValidationError({name: exc.detail}) from None
+
+
+def _bounded(parameters: list[dict], bounds: dict[str, dict[str, int]]) -> list[dict]:
+    """The paginator's query parameters in the schema, with the bounds it enforces."""
+    for parameter in parameters:
+        parameter["schema"].update(bounds.get(parameter["name"], {}))
+    return parameters
+
+
 class DefaultPagination(LimitOffsetPagination):
+    """Pages by ``limit`` (1 to 200, 50 by default) and ``offset`` (0 or more); a value
+    outside those is a 400 ``invalid``."""
+
     default_limit = 50
     max_limit = 200
+
+    def get_limit(self, request) -> int:
+        limit = page_parameter(request, self.limit_query_param, minimum=1, maximum=self.max_limit)
+        return self.default_limit if limit is None else limit
+
+    def get_offset(self, request) -> int:
+        offset = page_parameter(request, self.offset_query_param, minimum=0)
+        return 0 if offset is None else offset
+
+    def get_schema_operation_parameters(self, view):
+        return _bounded(
+            super().get_schema_operation_parameters(view),
+            {
+                self.limit_query_param: {"minimum": 1, "maximum": self.max_limit},
+                self.offset_query_param: {"minimum": 0},
+            },
+        )
 
 
 class NewestFirstCursorPagination(CursorPagination):
@@ -180,7 +225,21 @@ class NewestFirstCursorPagination(CursorPagination):
     page_size_query_param = "limit"
     max_page_size = 200
 
+    def get_page_size(self, request) -> int:
+        # 1 to ``max_page_size``; outside that, a 400 (as ``DefaultPagination``'s limit).
+        size = page_parameter(
+            request, self.page_size_query_param, minimum=1, maximum=self.max_page_size
+        )
+        return self.page_size if size is None else size
+
+    def get_schema_operation_parameters(self, view):
+        return _bounded(
+            super().get_schema_operation_parameters(view),
+            {self.page_size_query_param: {"minimum": 1, "maximum": self.max_page_size}},
+        )
+
     def decode_cursor(self, request):
+        refuse_repeated(request, self.cursor_query_param)
         encoded = request.query_params.get(self.cursor_query_param)
         if encoded is None:
             return None
@@ -232,6 +291,36 @@ def validated(serializer_class: type[serializers.Serializer], data) -> dict[str,
     return dict(serializer.validated_data)
 
 
+def query_values(request) -> dict[str, str]:
+    """The request's query parameters, each with its one value: a 400 ``invalid`` naming
+    those given more than once (``?status=running&status=failed``).
+
+    A plain dict, not the ``QueryDict``: DRF reads a ``QueryDict`` as an HTML form, where a
+    field sent empty is a field left out (``?automation=`` would list every automation's
+    jobs, the filter dropped without a word), and a repeated parameter as its last value
+    (the others dropped as silently). A list of values is one parameter, comma-separated
+    (``status=running,failed``).
+    """
+    refuse_repeated(request, *request.query_params)
+    return request.query_params.dict()
+
+
+def refuse_repeated(request, *names: str) -> None:
+    """A 400 ``invalid`` naming each of the query parameters ``names`` given more than once."""
+    repeated = sorted(name for name in names if len(request.query_params.getlist(name)) > 1)
+    if repeated:
+        raise serializers.ValidationError(
+            {name[:200]: ["Given more than once: give it once."] for name in repeated}
+        )
+
+
+def validated_query(serializer_class: type[serializers.Serializer], request) -> dict[str, Any]:
+    """The request's query parameters (``query_values``) checked by ``serializer_class``:
+    its validated data, or a 400 ``invalid``. An empty value is a value, refused by any
+    field that does not allow it."""
+    return validated(serializer_class, query_values(request))
+
+
 class PartialUpdate(serializers.Serializer):
     """The body of a partial update (PATCH): every field optional, at least one given. A
     body that names none changes nothing, so it is refused, with the fields there are and
@@ -252,6 +341,21 @@ class PartialUpdate(serializers.Serializer):
                 message = f"Not fields here: {', '.join(unknown)[:200]}. {message}"
             raise serializers.ValidationError(message)
         return attrs
+
+
+class AwareDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 instant with its offset (``2026-12-01T09:00:00Z``, ``…+01:00``): a time
+    without one (``2026-12-01T09:00:00``, or a date alone) names no instant, so it is
+    refused rather than guessed. For the lists' time filters."""
+
+    default_error_messages = {
+        "naive": "Give the time with its offset (Z or ±hh:mm).",
+    }
+
+    def enforce_timezone(self, value):
+        if timezone.is_naive(value):
+            self.fail("naive")
+        return super().enforce_timezone(value)
 
 
 def check_window(attrs: dict[str, Any], after: str, before: str) -> None:

@@ -2,6 +2,7 @@ import logging
 import re
 import time
 import uuid
+from urllib.parse import unquote, unquote_to_bytes
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
@@ -168,7 +169,8 @@ class UnstorableTextMiddleware:
     JSON bodies are checked by the API's parser (``common.parsers``); what Django decodes
     itself is checked here, for every view (the admin's forms and searches included).
     Lone surrogates cannot come out of these: Django decodes them from UTF-8 (replacing
-    what does not decode) or, for headers, from Latin-1.
+    what does not decode) or, for headers, from Latin-1. A query string that does not
+    decode is refused as well, rather than read with U+FFFD in place of what was sent.
     """
 
     FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -208,6 +210,9 @@ class UnstorableTextMiddleware:
                 and unstorable_path(value) is not None
             ):
                 return {name[5:].replace("_", "-").title(): [PROBLEM]}
+        undecodable = _undecodable_parameter(request)
+        if undecodable is not None:
+            return {undecodable: [UNDECODABLE]}
         sources = [request.GET]
         if (
             request.method == "POST"
@@ -224,6 +229,28 @@ class UnstorableTextMiddleware:
                 if path is not None:
                     return {describe_path(path[:1]): [PROBLEM]}
         return None
+
+
+UNDECODABLE = "Text must be UTF-8, and hold no lone surrogate (U+D800 to U+DFFF)."
+
+
+def _undecodable_parameter(request) -> str | None:
+    """The name of the first query parameter whose name or value, once its %-escapes are
+    undone, is not text in the request's encoding (``%FF``, or ``%ED%A0%80``, a lone
+    surrogate, in UTF-8); None when every one is.
+
+    Django reads such bytes as U+FFFD without a word: ``?search=%FF`` would search for
+    that character and answer 200.
+    """
+    encoding = request.GET.encoding
+    for pair in request.META.get("QUERY_STRING", "").split("&"):
+        name, _, value = pair.partition("=")
+        try:
+            for part in (name, value):
+                unquote_to_bytes(part.replace("+", " ")).decode(encoding)
+        except UnicodeDecodeError:
+            return describe_path([unquote(name.replace("+", " "), errors="replace")[:200]])
+    return None
 
 
 # Where the API answers: every error here is JSON in the one format.

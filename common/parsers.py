@@ -9,9 +9,12 @@ from __future__ import annotations
 import codecs
 from typing import Any
 
+from django.conf import settings
+from django.utils.http import parse_header_parameters
 from rest_framework import exceptions, parsers
 from rest_framework.utils import json
 
+from common.charsets import is_text_encoding
 from common.jsondata import MAX_DEPTH, PROBLEM, describe_path, first_flaw, storable_text
 
 
@@ -21,13 +24,14 @@ class JSONParser(parsers.JSONParser):
     few kilobytes of ``[`` are enough), and text that PostgreSQL or UTF-8 cannot hold
     (``refuse_unstorable_text``), both in one walk of the document; and an object that
     names a key twice (``{"x": 1, "x": 2}``), which ``json`` would read as its last value
-    without a word, losing the first.
+    without a word, losing the first. A charset that is no text encoding is a 415
+    (``_charset``).
     """
 
     def parse(self, stream, media_type=None, parser_context=None):
         parser_context = parser_context or {}
         try:
-            text = codecs.getreader(parsers.get_encoding(parser_context))(stream).read()
+            text = codecs.getreader(_charset(media_type))(stream).read()
             data = json.loads(
                 text,
                 parse_constant=json.strict_constant if self.strict else None,
@@ -38,6 +42,19 @@ class JSONParser(parsers.JSONParser):
         except ValueError as exc:  # UnicodeDecodeError included
             raise exceptions.ParseError(f"JSON parse error - {exc}") from None
         return refuse_unstorable_text(data, view=parser_context.get("view"), limit=MAX_DEPTH)
+
+
+def _charset(media_type: str | None) -> str:
+    """The charset the body's ``Content-Type`` names, UTF-8 when it names none; a 415 when
+    it is not a text encoding (``charset=bogus``, ``charset=zlib``): the body would be read
+    in another than the client's, or expanded by a codec of bytes to bytes."""
+    _, params = parse_header_parameters(media_type or "")
+    charset = params.get("charset") or settings.DEFAULT_CHARSET
+    if not is_text_encoding(charset):
+        raise exceptions.UnsupportedMediaType(
+            media_type, detail=f'The charset "{charset[:100]}" is not supported: send UTF-8.'
+        )
+    return charset
 
 
 def _one_value_a_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import os
 
 from django.core.asgi import get_asgi_application
 
+from common.charsets import ApiASGIRequest
 from common.env import settings_or_exit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hubdommed.settings")
@@ -25,3 +26,5 @@ os.environ.setdefault("DB_CONN_MAX_AGE", "0")
 settings_or_exit()
 
 application = get_asgi_application()
+# A charset that is no text encoding (``charset=zlib``) is not the request's encoding.
+application.request_class = ApiASGIRequest

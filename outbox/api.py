@@ -8,13 +8,17 @@ a caller may see is decided by ``outbox.selectors.event_list``.
 
 from __future__ import annotations
 
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.generics import GenericAPIView
 from rest_framework.permissions import BasePermission
 
-from common.api import NewestFirstCursorPagination, check_window
+from common.api import (
+    AwareDateTimeField,
+    NewestFirstCursorPagination,
+    check_window,
+    query_values,
+)
 from common.schema import error_response
 from outbox.models import Event
 from outbox.selectors import event_list
@@ -41,20 +45,6 @@ class WiredByTheUrl(BasePermission):
 
 
 # --- input --------------------------------------------------------------------------------
-
-
-class AwareDateTimeField(serializers.DateTimeField):
-    """An ISO 8601 instant with its offset (``2026-12-01T09:00:00Z``, ``…+01:00``): a time
-    without one names no instant, so it is refused rather than guessed."""
-
-    default_error_messages = {
-        "naive": "Give the time with its offset (Z or ±hh:mm).",
-    }
-
-    def enforce_timezone(self, value):
-        if timezone.is_naive(value):
-            self.fail("naive")
-        return super().enforce_timezone(value)
 
 
 class EventListFilters(serializers.Serializer):
@@ -203,7 +193,7 @@ class EventsApi(GenericAPIView):
         },
     )
     def get(self, request):
-        filters = EventListFilters(data=request.query_params)
+        filters = EventListFilters(data=query_values(request))
         filters.is_valid(raise_exception=True)
         events = event_list(
             caller_tenant_id=request.user.tenant_id,

@@ -12,7 +12,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.api import NeverDeleted, PartialUpdate, validated
+from common.api import NeverDeleted, PartialUpdate, validated, validated_query
 from common.schema import change_schema, create_schema, error_response, refused_delete
 from identity.permissions import IsTenantManager, ReadForMembersWriteForManagers
 from schedule.models import Misfire, Schedule
@@ -143,7 +143,7 @@ class ScheduleListCreateApi(ReadForMembersWriteForManagers, generics.ListAPIView
     serializer_class = ScheduleSerializer
 
     def get_queryset(self):
-        filters = validated(ScheduleFilterSerializer, self.request.query_params)
+        filters = validated_query(ScheduleFilterSerializer, self.request)
         return schedule_list(
             tenant_id=self.request.user.tenant_id,
             active=filters["active"],

@@ -13,7 +13,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.api import NeverDeleted, PartialUpdate, validated
+from common.api import NeverDeleted, PartialUpdate, validated, validated_query
 from common.schema import change_schema, create_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins
 from sector.models import Sector
@@ -71,7 +71,7 @@ class SectorListCreateApi(ReadForPeopleWriteForAdmins, generics.ListAPIView):
     serializer_class = SectorSerializer
 
     def get_queryset(self) -> QuerySet[Sector]:
-        filters = validated(SectorFilterSerializer, self.request.query_params)
+        filters = validated_query(SectorFilterSerializer, self.request)
         return sector_list(caller=self.request.user, **filters)
 
     @create_schema(

@@ -13,7 +13,7 @@ from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.api import NewestFirstCursorPagination, validated
+from common.api import NewestFirstCursorPagination, query_values, validated, validated_query
 from common.errors import InvalidInput, NotFound
 from common.schema import error_response
 from identity.permissions import IsTenantMember
@@ -84,7 +84,7 @@ class JobsApi(GenericAPIView):
         responses={200: JobOutput(many=True), 400: error_response("A bad filter (`invalid`).")},
     )
     def get(self, request):
-        filters = JobListFilters(data=request.query_params)
+        filters = JobListFilters(data=query_values(request))
         filters.is_valid(raise_exception=True)
         jobs = job_list(tenant=request.user.tenant_id, **filters.as_selector_filters())
         page = self.paginate_queryset(jobs)
@@ -192,7 +192,7 @@ class JobOutputReadApi(APIView):
         },
     )
     def get(self, request, job_id: int):
-        filters = validated(OutputFilters, request.query_params)
+        filters = validated_query(OutputFilters, request)
         job = job_get(tenant=request.user.tenant_id, job_id=job_id)
         if job is None:
             raise NotFound("There is no such job.", code="job_not_found")
@@ -246,8 +246,10 @@ class JobOutputFollowApi(APIView):
     )
     def get(self, request, job_id: int):
         last_event_id = request.headers.get("Last-Event-ID")
-        start = {"offset": last_event_id} if last_event_id is not None else request.query_params
-        offset = validated(FollowFrom, start)["offset"]
+        if last_event_id is not None:
+            offset = validated(FollowFrom, {"offset": last_event_id})["offset"]
+        else:
+            offset = validated_query(FollowFrom, request)["offset"]
         job = job_get(tenant=request.user.tenant_id, job_id=job_id)
         if job is None:
             raise NotFound("There is no such job.", code="job_not_found")

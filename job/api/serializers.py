@@ -6,7 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from common.api import check_window
+from common.api import AwareDateTimeField, check_window
 from job.models import FailureReason, Job, JobStatus
 from job.selectors import PUBLIC_FIELDS, job_public
 
@@ -38,11 +38,12 @@ class JobListFilters(serializers.Serializer):
         help_text=f"One status or several, comma-separated: {', '.join(JobStatus.values)}.",
     )
     automation = serializers.IntegerField(required=False, min_value=1)
-    created_after = serializers.DateTimeField(
-        required=False, help_text="Jobs created at or after this instant."
+    created_after = AwareDateTimeField(
+        required=False,
+        help_text="Jobs created at or after this instant (ISO 8601 with its offset).",
     )
-    created_before = serializers.DateTimeField(
-        required=False, help_text="Jobs created before this instant."
+    created_before = AwareDateTimeField(
+        required=False, help_text="Jobs created before this instant (ISO 8601 with its offset)."
     )
 
     def validate_status(self, value: str) -> list[str]:

@@ -17,7 +17,7 @@ from automation.authentication import WorkerAuthentication
 from automation.permissions import IsWorker
 from automation.services import worker_seen
 from common import tracing
-from common.api import validated
+from common.api import validated, validated_query
 from common.context import bind_log_ids
 from common.errors import Conflict
 from common.middleware import log_quietly
@@ -85,7 +85,7 @@ class WorkerJobPollApi(WorkerApi):
         responses={200: PendingJobOutput(many=True)},
     )
     def get(self, request):
-        filters = validated(PollFilters, request.query_params)
+        filters = validated_query(PollFilters, request)
         jobs = jobs_pending_for(automation_id=request.user.automation_id, limit=filters["limit"])
         # An idle worker's poll is how the hub knows it is alive (the monitor restarts
         # a worker silent while jobs wait).
