@@ -30,6 +30,16 @@ def tenant_is_active(tenant_id: int) -> bool:
     return Tenant.objects.filter(pk=tenant_id, is_active=True).exists()
 
 
+def user_may_log_in(user_id: int) -> bool:
+    """Whether the user is active and, for a tenant's person, their tenant is too: what a
+    request of theirs would be authenticated against (a long stream asks it again)."""
+    return (
+        User.objects.filter(pk=user_id, is_active=True)
+        .filter(Q(tenant__isnull=True) | Q(tenant__is_active=True))
+        .exists()
+    )
+
+
 def tenant_ids_deactivated(*, before: datetime) -> list[int]:
     """The tenants deactivated before ``before``: what is left of their jobs is ended."""
     return list(

@@ -13,6 +13,11 @@ the follower read sooner.
   deleted); each event's id is its ``next_offset``, so a client that reconnects sends it
   back as ``Last-Event-ID`` and gets each character once. ``end`` says the job finished
   and its log was sent to its end.
+- **Bounds.** A stream process holds at most ``JOB_OUTPUT_FOLLOW_MAX_STREAMS`` streams,
+  ``JOB_OUTPUT_FOLLOW_MAX_PER_TENANT`` of them for one tenant (``StreamSlots``); past them
+  a follower is told to come back later (429). A stream lasts no longer than the access
+  token it was opened with, and ends once its reader may no longer log in (checked every
+  ``JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS``): what a new request of theirs would be refused.
 - **Where.** ``follow`` holds a stream open and is served by the ASGI entry point
   (``hubdommed.asgi``): each follower costs a coroutine and no worker. The WSGI server
   answers the same request with ``events_now``: what is there now, and ``retry`` for
@@ -26,10 +31,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
-from collections import defaultdict
+import weakref
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import redis
 import redis.asyncio
@@ -37,6 +45,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, connection
 
+from identity.selectors import user_may_log_in
 from job.models import Job
 from job.selectors import OutputPage, job_output_page
 from outbox.wake import announce_on_commit
@@ -231,16 +240,115 @@ def _read(job_id: int, offset: int) -> tuple[Job, OutputPage] | None:
 _read_async = sync_to_async(_read, thread_sensitive=False, executor=_reads)
 
 
-async def follow(job_id: int, offset: int) -> AsyncIterator[str]:
-    """The job's log after ``offset`` as it grows, until the job ends (``end``) or the
-    stream has lasted JOB_OUTPUT_FOLLOW_MAX_SECONDS (the client resumes where it was)."""
+def _may_read(user_id: int) -> bool:
+    try:
+        return user_may_log_in(user_id)
+    except DatabaseError:
+        with contextlib.suppress(DatabaseError):
+            connection.close()
+        raise
+
+
+_may_read_async = sync_to_async(_may_read, thread_sensitive=False, executor=_reads)
+
+
+# --- bounds ---------------------------------------------------------------------------
+
+
+class StreamSlots:
+    """The streams this process holds, in all and per tenant. Each is a socket and a
+    coroutine: unbounded, one client could open them until the process has no file
+    descriptor left for anyone. Taken by the view's thread, given back on the event
+    loop's when the stream ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held = 0
+        self._by_tenant: Counter[int] = Counter()
+
+    def take(self, tenant_id: int) -> StreamSlot | None:
+        """A slot for one more stream of the tenant, or None when a bound is reached."""
+        with self._lock:
+            if (
+                self._held >= settings.JOB_OUTPUT_FOLLOW_MAX_STREAMS
+                or self._by_tenant[tenant_id] >= settings.JOB_OUTPUT_FOLLOW_MAX_PER_TENANT
+            ):
+                return None
+            self._held += 1
+            self._by_tenant[tenant_id] += 1
+        return StreamSlot(self, tenant_id)
+
+    def _give_back(self, tenant_id: int) -> None:
+        with self._lock:
+            self._held -= 1
+            self._by_tenant[tenant_id] -= 1
+            if not self._by_tenant[tenant_id]:
+                del self._by_tenant[tenant_id]
+
+
+class StreamSlot:
+    def __init__(self, slots: StreamSlots, tenant_id: int) -> None:
+        self._slots = slots
+        self._tenant_id = tenant_id
+        self._given_back = False
+        self._lock = threading.Lock()
+
+    def give_back(self) -> None:
+        """Once, whoever calls it first: the stream's end, or its collection."""
+        with self._lock:
+            if self._given_back:
+                return
+            self._given_back = True
+        self._slots._give_back(self._tenant_id)
+
+
+slots = StreamSlots()
+
+
+@dataclass(frozen=True)
+class Reader:
+    """Who follows a stream, and until when their access token is good (Unix time)."""
+
+    user_id: int
+    tenant_id: int
+    token_expires_at: float
+
+
+def follow_for(reader: Reader, job_id: int, offset: int) -> AsyncIterator[str] | None:
+    """``follow`` for ``reader`` in one of this process's slots; None when none is free."""
+    slot = slots.take(reader.tenant_id)
+    if slot is None:
+        return None
+    events = follow(job_id, offset, reader=reader, slot=slot)
+    # A stream whose client left before it began never runs its ``finally``: its slot is
+    # given back when the stream is collected.
+    weakref.finalize(events, slot.give_back)
+    return events
+
+
+async def follow(
+    job_id: int, offset: int, *, reader: Reader | None = None, slot: StreamSlot | None = None
+) -> AsyncIterator[str]:
+    """The job's log after ``offset`` as it grows, until the job ends (``end``), the
+    stream has lasted JOB_OUTPUT_FOLLOW_MAX_SECONDS (the client resumes where it was),
+    the reader's access token expires, or the reader may no longer log in (the client's
+    next request is refused as any would be)."""
     wake = wakes.watch(job_id)
     try:
         yield retry_field()
         closes_at = time.monotonic() + settings.JOB_OUTPUT_FOLLOW_MAX_SECONDS
-        said_at = time.monotonic()
+        if reader is not None:
+            closes_at = min(closes_at, time.monotonic() + reader.token_expires_at - time.time())
+        said_at = checked_at = time.monotonic()
         pause = settings.JOB_OUTPUT_FOLLOW_POLL_SECONDS
         while time.monotonic() < closes_at:
+            if (
+                reader is not None
+                and time.monotonic() - checked_at >= settings.JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS
+            ):
+                checked_at = time.monotonic()
+                if not await _still_may_read(reader):
+                    return
             wake.clear()
             try:
                 read = await wakes.read(job_id, offset)
@@ -266,7 +374,19 @@ async def follow(job_id: int, offset: int) -> AsyncIterator[str]:
             if time.monotonic() - said_at >= settings.JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS:
                 said_at = time.monotonic()
                 yield ": still running\n\n"
+            until_closed = max(closes_at - time.monotonic(), 0)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=pause)
+                await asyncio.wait_for(wake.wait(), timeout=min(pause, until_closed))
     finally:
         wakes.unwatch(job_id, wake)
+        if slot is not None:
+            slot.give_back()
+
+
+async def _still_may_read(reader: Reader) -> bool:
+    try:
+        return await _may_read_async(reader.user_id)
+    except DatabaseError as exc:
+        # Not known while the database is away: the stream goes on, and asks again.
+        logger.warning("job output stream: its reader could not be checked (%s)", exc)
+        return True

@@ -7,6 +7,7 @@ from django.db import connection
 from django.http import HttpResponse, StreamingHttpResponse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
+from rest_framework.exceptions import Throttled
 from rest_framework.generics import GenericAPIView
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.renderers import BaseRenderer, JSONRenderer
@@ -30,6 +31,8 @@ from job.selectors import job_get, job_list, job_output_page, job_public, output
 from job.services import job_cancel, job_create, job_rerun
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+# When a follower refused for the stream process's bounds is told to come back.
+STREAMS_FULL_RETRY_SECONDS = 5
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
 
 
@@ -226,7 +229,8 @@ class JobOutputFollowApi(APIView):
             "its log's end answers 204, which tells an EventSource to stop. Served live by "
             "the stream process (`hubdommed.asgi`); the API process answers the same "
             "request with the log as it is now and `retry: 1000`, so a client there asks "
-            "again each second (see docs/api.md)."
+            "again each second (see docs/api.md). A stream lasts no longer than the access "
+            "token it was opened with, and ends soon after its reader may no longer log in."
         ),
         parameters=[
             FollowFrom,
@@ -242,6 +246,10 @@ class JobOutputFollowApi(APIView):
             204: OpenApiResponse(description="The job has finished and nothing follows."),
             400: error_response("A bad `offset` or `Last-Event-ID` (`invalid`)."),
             404: error_response("`job_not_found` (also another tenant's job)."),
+            429: error_response(
+                "`throttled`: the stream process holds as many streams as it may, in all "
+                "or for the tenant; come back after `Retry-After` seconds."
+            ),
         },
     )
     def get(self, request, job_id: int):
@@ -260,10 +268,20 @@ class JobOutputFollowApi(APIView):
             # process would follow it for its whole time, holding the connection).
             return _event_stream(HttpResponse(content_type="text/event-stream"))
         if isinstance(request._request, ASGIRequest):
+            reader = live.Reader(
+                user_id=request.user.pk,
+                tenant_id=request.user.tenant_id,
+                token_expires_at=request.auth["exp"],
+            )
+            events = live.follow_for(reader, job.pk, offset)
+            if events is None:
+                raise Throttled(
+                    wait=STREAMS_FULL_RETRY_SECONDS,
+                    detail="Too many streams are open; try again shortly.",
+                )
             # The stream outlives the request's thread: its database connection is not
             # held for the stream's life (the reads have connections of their own).
             connection.close()
-            events = live.follow(job.pk, offset)
         else:
             events = live.events_now(job, offset)
         return _event_stream(StreamingHttpResponse(events, content_type="text/event-stream"))
