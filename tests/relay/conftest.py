@@ -49,6 +49,10 @@ def sqs(settings, moto_endpoint):
     client.close()
 
 
+# The broker's reply code when a consumer comes before its quorum queue's process is up.
+INTERNAL_ERROR = 541
+
+
 class RabbitConsumer:
     """Reads what reached a queue, the way a worker would (then acks it)."""
 
@@ -106,6 +110,20 @@ class RabbitConsumer:
         return self.count(destination) is not None
 
     def take_one(self, destination: str, timeout: float):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self._take_one(destination, max(deadline - time.monotonic(), 0.01))
+            except pika.exceptions.ConnectionClosedByBroker as exc:
+                # A quorum queue just declared may not take consumers yet (its process is
+                # still starting): the broker answers INTERNAL_ERROR and closes the
+                # connection. Moments later it does.
+                if exc.reply_code != INTERNAL_ERROR or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.1)
+                self.reconnect()
+
+    def _take_one(self, destination: str, timeout: float):
         for method, properties, body in self.channel.consume(
             topology.queue_name(destination), inactivity_timeout=timeout
         ):
