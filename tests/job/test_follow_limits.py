@@ -135,7 +135,8 @@ def test_a_stream_ends_when_its_access_token_expires(streams, user):
     server = streams(JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS="0.5")
     job = running_job(user.tenant)
     lifetime = django_settings.ACCESS_TOKEN_LIFETIME
-    token = issue_access_token(user, issued_at=timezone.now() - lifetime + timedelta(seconds=3))
+    # Time left for the stream to open on a loaded machine, not so much that the test waits.
+    token = issue_access_token(user, issued_at=timezone.now() - lifetime + timedelta(seconds=10))
 
     with Stream(server, job, {"Authorization": f"Bearer {token.token}"}) as stream:
         assert stream.status_code == 200
