@@ -5,7 +5,6 @@ tenant had (its schedules deactivated, its endpoints receive no event)."""
 from __future__ import annotations
 
 import pytest
-from django.test import Client
 from django.utils import timezone
 
 from common.errors import Conflict
@@ -16,13 +15,6 @@ from webhook.models import WebhookEndpoint
 from webhook.services import endpoint_create
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def admin_client():
-    client = Client(raise_request_exception=False)
-    client.force_login(PlatformAdminFactory())
-    return client
 
 
 def schedule_form(tenant):

@@ -17,20 +17,12 @@ from schedule.models import Schedule
 from tests.automation.test_admin import form_data
 from tests.factories import (
     AutomationWithWorkerFactory,
-    PlatformAdminFactory,
     SectorFactory,
     TenantFactory,
     UserFactory,
 )
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def admin_client():
-    client = Client(raise_request_exception=False)
-    client.force_login(PlatformAdminFactory())
-    return client
 
 
 def viewer_of(*codenames: str) -> Client:

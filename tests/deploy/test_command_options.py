@@ -4,17 +4,11 @@ with it (``--interval nan`` made the scheduler call Redis unreachable) or withou
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-# Generous: a loaded machine takes seconds to import Django. A usage error comes before
-# any connection; a command that does not refuse runs until this and is killed.
-DEADLINE = 90
+from tests.deploy.test_settings_refusals import started_all
 
 
 def command_line(value: object) -> str:
@@ -22,27 +16,10 @@ def command_line(value: object) -> str:
 
 
 def ran(*arguments: str) -> tuple[int, str]:
-    env = {
-        **os.environ,
-        "HUBDOMMED_RELAY": "true",
-        # Nothing here may reach a broker: a command that did not refuse finds none.
-        "RABBITMQ_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
-    }
-    process = subprocess.Popen(
-        [sys.executable, "manage.py", *arguments],
-        cwd=ROOT,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _, stderr = process.communicate(timeout=DEADLINE)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        _, stderr = process.communicate()
-    return process.returncode, stderr
+    """The command's (exit code, stderr); killed at the deadline: it did not refuse."""
+    # Nothing here may reach a broker: a command that did not refuse finds none.
+    command = [sys.executable, "manage.py", *arguments]
+    return started_all({"it": command}, RABBITMQ_URL="amqp://guest:guest@127.0.0.1:1/%2F")["it"]
 
 
 @pytest.mark.parametrize(
