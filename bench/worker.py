@@ -3,7 +3,7 @@ broker consumed raw and, on RabbitMQ, against Celery 5, in interleaved rounds.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/hub_runtime \\
         .venv/bin/python bench/worker.py [--rabbitmq N] [--sqs N] [--concurrency C] \\
-        [--prefetch-per-slot P] [--rounds R] [--no-celery]
+        [--prefetch-per-slot P] [--rounds R] [--no-celery] [--floor]
 
 The database is created and migrated if needed; Celery is the optional ``bench``
 dependency (``pip install -e '.[bench]'``). SQS is moto's server on loopback, started here.
@@ -20,6 +20,12 @@ broker with the same number of messages:
 - ``ours``: the worker ``run_worker`` builds (``build_task_worker``), ``concurrency``
   slots, with its two durable records per task in ``task_runs`` (the claim, the success)
   and its acks; messages fed the real way (dispatch, then the relay's engine);
+- ``floor`` (RabbitMQ, with ``--floor``): the least any worker keeping our two durable
+  records can do, as a bound for ``ours``: one thread consumes (the window's prefetch),
+  claims what each poll brought with the worker's own statement, hands the runs to
+  ``concurrency`` threads that call the handler and nothing else, commits what they
+  finished with the group commit's statement and acks it (``multiple``). No leases kept,
+  no time limits, no logs, metrics or traces, no recovery from any failure;
 - ``celery-threads`` / ``celery-prefork``: a Celery worker (``bench/celery_noop.py``),
   ``concurrency`` threads or processes, ``acks_late``, prefetch multiplier 1, no result
   backend.
@@ -42,6 +48,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import queue
 import resource
 import socket
 import statistics
@@ -76,6 +83,7 @@ from broker import topology  # noqa: E402
 from broker.sqs.publisher import sqs_client  # noqa: E402
 from outbox.handlers import task  # noqa: E402
 from outbox.models import TaskRun  # noqa: E402
+from outbox.runs import Begin, Lease, RunLedger, new_holder  # noqa: E402
 from outbox.services import dispatch  # noqa: E402
 from relay.engine import OutboxRelay  # noqa: E402
 from worker.builders import build_task_worker, window_for  # noqa: E402
@@ -139,6 +147,73 @@ def raw_rabbitmq(count: int, prefetch: int) -> tuple[float, float]:
     elapsed, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     channel.cancel()
     conn.close()
+    return count / elapsed, cpu / count
+
+
+def floor_rabbitmq(run_ids: list[str], concurrency: int) -> tuple[float, float]:
+    """Tasks per second of the floor (see the module's text), and its CPU seconds per task."""
+    count, ledger = len(run_ids), RunLedger()
+    conn = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
+    channel = conn.channel()
+    channel.basic_qos(prefetch_count=window_for(concurrency))
+    received: list[tuple[int, bytes]] = []
+    channel.basic_consume(
+        topology.queue_name("default"),
+        on_message_callback=lambda _c, method, _p, body: received.append(
+            (method.delivery_tag, body)
+        ),
+    )
+    work: queue.SimpleQueue = queue.SimpleQueue()
+    finished: list[tuple[int, Lease]] = []
+    finished_lock = threading.Lock()
+
+    def slot() -> None:
+        while (item := work.get()) is not None:
+            noop(item)
+            with finished_lock:
+                finished.append(item)
+                first = len(finished) == 1
+            if first:
+                # Wakes the consuming thread's poll.
+                conn.add_callback_threadsafe(lambda: None)
+
+    slots = [threading.Thread(target=slot, daemon=True) for _ in range(concurrency)]
+    for thread in slots:
+        thread.start()
+    settled, acked, done = set(), 0, 0
+    started = cpu = 0.0
+    try:
+        while done < count:
+            conn.process_data_events(time_limit=0.05)
+            if received:
+                if not started:
+                    started, cpu = time.perf_counter(), cpu_seconds()
+                batch, received[:] = list(received), []
+                claims = [(json.loads(body), new_holder(), 60.0) for _tag, body in batch]
+                begun = ledger.begin_many(claims)
+                for (tag, _body), (envelope, holder, seconds) in zip(batch, claims, strict=True):
+                    assert begun[holder].decision is Begin.RUN, begun[holder]
+                    work.put((tag, Lease(str(envelope["run_id"]), holder, seconds, seconds / 3)))
+            with finished_lock:
+                ready, finished[:] = list(finished), []
+            if ready:
+                ledger.succeeded_many([lease for _tag, lease in ready])
+                settled.update(tag for tag, _lease in ready)
+                top = acked
+                while top + 1 in settled:
+                    top += 1
+                    settled.discard(top)
+                if top > acked:
+                    channel.basic_ack(top, multiple=True)
+                    acked = top
+                done += len(ready)
+        elapsed, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    finally:
+        for _thread in slots:
+            work.put(None)
+        conn.close()
+    succeeded = TaskRun.objects.filter(run_id__in=run_ids, status=TaskRun.Status.SUCCEEDED).count()
+    assert succeeded == count, f"only {succeeded} of {count} runs succeeded"
     return count / elapsed, cpu / count
 
 
@@ -280,12 +355,16 @@ print("fed", count)
 """
 
 
-def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) -> None:
+def bench(
+    broker: str, count: int, concurrency: int, rounds: int, celery: bool, floor: bool = False
+) -> None:
     """``rounds`` times each contender, in an order rotated per round; each round's figures,
     then the medians (the machine is shared: single runs vary)."""
     contenders = ["raw", "ours"]
     if broker == "rabbitmq":
         contenders.append("raw-deep")
+        if floor:
+            contenders.append("floor")
     if celery and broker == "rabbitmq":
         contenders += ["celery-threads", "celery-prefork"]
     rates: dict[str, list[float]] = {name: [] for name in contenders}
@@ -308,6 +387,8 @@ def bench(broker: str, count: int, concurrency: int, rounds: int, celery: bool) 
                 rate, cpu = raw_rabbitmq(count, window_for(concurrency))
             elif name == "ours":
                 rate, cpu = through_worker(feed(count), concurrency)
+            elif name == "floor":
+                rate, cpu = floor_rabbitmq(feed(count), concurrency)
             else:
                 rate = through_celery(count, concurrency, name.split("-")[1])
             cleanup(broker)
@@ -408,6 +489,11 @@ def main() -> None:
     )
     parser.add_argument("--rounds", type=int, default=3, help="measurements per contender")
     parser.add_argument("--no-celery", action="store_true", help="skip the Celery workers")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also the floor: consume, the two statements and the acks, nothing else",
+    )
     add_load_arguments(parser)
     args = parser.parse_args()
     if args.rabbitmq and not args.no_celery and importlib.util.find_spec("celery") is None:
@@ -420,7 +506,14 @@ def main() -> None:
     require_quiet(args)
     with prepared():
         if args.rabbitmq:
-            bench("rabbitmq", args.rabbitmq, args.concurrency, args.rounds, not args.no_celery)
+            bench(
+                "rabbitmq",
+                args.rabbitmq,
+                args.concurrency,
+                args.rounds,
+                not args.no_celery,
+                args.floor,
+            )
         if args.sqs:
             settings.SQS_ENDPOINT_URL = start_moto()
             bench("sqs", args.sqs, args.concurrency, args.rounds, False)
