@@ -37,3 +37,26 @@ def moto_endpoint():
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+class PrivateMoto:
+    """A moto server of a test's own on loopback, to stop and start again on one port:
+    the endpoint going away and coming back. Its queues live in the process (moto's
+    backends), so they are there again after a restart, as SQS's are after an outage.
+    Needs the credentials ``moto_endpoint`` sets."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = None
+
+    def start(self) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None

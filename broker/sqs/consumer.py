@@ -38,7 +38,7 @@ from broker.consume import (
     heartbeat_interval,
     visibility_timeout,
 )
-from broker.sqs.publisher import MAX_BATCH_BYTES, TIMEOUT, SQSTransport, sqs_client
+from broker.sqs.publisher import MAX_BATCH_BYTES, TIMEOUT, SQSTransport, sqs_client, sqs_text
 
 logger = logging.getLogger("hubdommed.worker")
 
@@ -275,17 +275,25 @@ class SQSConsumer(Consumer):
             for name, value in (delivery.properties or {}).items()
             if not name.startswith("x-error-")
         }
+        # The error may quote anything: what SQS refuses in an attribute is replaced, or
+        # the copy is refused every time and the run never settles.
         for name, value in failure.as_dict().items():
-            attributes[name] = {"DataType": "String", "StringValue": value or "-"}
+            attributes[name] = {"DataType": "String", "StringValue": sqs_text(value) or "-"}
         attributes["x-original-queue"] = {
             "DataType": "String",
             "StringValue": topology.queue_name(delivery.destination),
         }
-        # SQS allows 10 attributes and 256 KiB with the body: the error goes first.
+        # SQS allows 10 attributes and 256 KiB with the body: the error goes first; the
+        # traceback, then the message, are cut to leave room for the body.
         attributes = dict(list(attributes.items())[-10:])
         body = delivery.body.decode()
-        if len(delivery.body) + _attributes_size(attributes) > MAX_BATCH_BYTES:
-            attributes["x-error-traceback"]["StringValue"] = "-"
+        for name in ("x-error-traceback", "x-error-message"):
+            over = len(delivery.body) + _attributes_size(attributes) - MAX_BATCH_BYTES
+            if over <= 0:
+                break
+            value = attributes[name]["StringValue"].encode()
+            kept = value[: max(0, len(value) - over - 1)].decode(errors="ignore")
+            attributes[name]["StringValue"] = kept or "-"
         self._call(
             "send_message",
             QueueUrl=self._dead_letter_urls[delivery.destination],
@@ -300,9 +308,12 @@ class SQSConsumer(Consumer):
         return heartbeat_interval(delivery.destination)
 
 
-def _attributes_size(attributes: dict[str, dict[str, str]]) -> int:
+def _attributes_size(attributes: dict[str, dict[str, Any]]) -> int:
     return sum(
-        len(name.encode()) + len(value["DataType"].encode()) + len(value["StringValue"].encode())
+        len(name.encode())
+        + len(value["DataType"].encode())
+        + len(value.get("StringValue", "").encode())
+        + len(value.get("BinaryValue", b""))
         for name, value in attributes.items()
     )
 

@@ -5,12 +5,19 @@ attributes), so a batch is cut into calls that respect both. SQS answers per ent
 entries it refused stay pending (and back off) while the others are marked sent. A call
 refused as a whole (other than for an outage) is cut in halves until the refusal names
 one entry: only that one backs off.
+
+The body is the row's ``envelope::text``, which SQS may refuse where PostgreSQL did not: a
+character outside SQS's set (PostgreSQL writes U+FFFE and U+FFFF in a string as they are)
+goes as its JSON escape, the same document; and a body over 256 KiB goes without the
+space PostgreSQL writes after each comma and colon, which ``dispatch`` did not count (its
+limit is on the compact document): a queue of 256 KiB takes what ``dispatch`` took.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -53,6 +60,28 @@ def sqs_client(
     )
 
 
+# What SQS refuses in a body or an attribute string: anything but tab, LF, CR, U+0020 to
+# U+D7FF, U+E000 to U+FFFD and U+10000 to U+10FFFF.
+REFUSED_BY_SQS = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+# In ``jsonb::text``: a string (kept as it is), or a separator PostgreSQL spells with a space.
+_JSONB_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|([,:]) ')
+
+
+def sqs_body(body: bytes) -> str:
+    """An outbox row's JSON document as SQS takes it: the same document, its characters
+    SQS refuses escaped (in a JSON document they can only be inside strings), compacted
+    when over 256 KiB."""
+    text = body.decode()
+    if len(body) > MAX_BATCH_BYTES:
+        text = _JSONB_TOKEN.sub(lambda match: match.group(1) or match.group(0), text)
+    return REFUSED_BY_SQS.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
+
+def sqs_text(text: str) -> str:
+    """An attribute string as SQS takes it: each character it refuses as U+FFFD."""
+    return REFUSED_BY_SQS.sub("\ufffd", text)
+
+
 def queue_attributes(destination: str, dead_letter_arn: str) -> dict[str, str]:
     return {
         "VisibilityTimeout": str(topology.VISIBILITY_TIMEOUT[topology.queue_class(destination)]),
@@ -71,7 +100,7 @@ def _attributes(message: OutgoingMessage) -> dict[str, dict[str, str]]:
     if message.correlation_id:
         attributes["correlation_id"] = {
             "DataType": "String",
-            "StringValue": message.correlation_id,
+            "StringValue": sqs_text(message.correlation_id),
         }
     return attributes
 
@@ -91,9 +120,9 @@ def batch_entries(
     call: list[tuple[OutgoingMessage, dict[str, Any]]] = []
     call_bytes = 0
     for message in messages:
-        body = message.body.decode()
+        body = sqs_body(message.body)
         entry: dict[str, Any] = {"MessageBody": body}
-        size = len(message.body)
+        size = len(body.encode())
         attributes = _attributes(message)
         # The envelope already carries type and correlation id; the attributes are a
         # convenience that must not push a message near the limit over it.
@@ -110,13 +139,32 @@ def batch_entries(
         yield call
 
 
+# Credentials SQS does not take stop every call, whatever it carries: not one message's
+# fault, but SQS out of reach until they are good again (a role's token renewed).
+_CREDENTIALS_REFUSED = {
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "InvalidClientTokenId",
+    "InvalidSecurity",
+    "MissingAuthenticationToken",
+    "RequestExpired",
+    "SignatureDoesNotMatch",
+    "UnrecognizedClientException",
+}
+
+
 def _is_outage(exc: Exception) -> bool:
     if isinstance(exc, BotoCoreError):
         return True
     if isinstance(exc, ClientError):
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
         code = exc.response.get("Error", {}).get("Code", "")
-        return status >= 500 or "Throttl" in code or code == "RequestThrottled"
+        return (
+            status >= 500
+            or "Throttl" in code
+            or code == "RequestThrottled"
+            or code in _CREDENTIALS_REFUSED
+        )
     return False
 
 
