@@ -97,17 +97,9 @@ def zone_names() -> frozenset[str]:
     Read from the database's own list (``tzdata.zi``) where it is installed, so that files
     that sit beside the zones (``localtime``, ``posixrules``) are not taken for zones.
     """
-    for folder in zoneinfo.TZPATH:
-        listing = Path(folder) / "tzdata.zi"
-        if listing.is_file():
-            names = set()
-            for line in listing.read_text(encoding="utf-8").splitlines():
-                parts = line.split()
-                if parts and parts[0] == "Z":
-                    names.add(parts[1])
-                elif parts and parts[0] == "L":
-                    names.add(parts[2])
-            return frozenset(names - _NOT_ZONES)
+    if (listed := _listing()) is not None:
+        names, links = listed
+        return frozenset((names | set(links)) - _NOT_ZONES)
     return frozenset(
         name
         for name in zoneinfo.available_timezones()
@@ -115,8 +107,41 @@ def zone_names() -> frozenset[str]:
     )
 
 
+@functools.cache
+def _listing() -> tuple[frozenset[str], dict[str, str]] | None:
+    """The zones and the links (name: the zone it names) of ``tzdata.zi``, where it is."""
+    for folder in zoneinfo.TZPATH:
+        listing = Path(folder) / "tzdata.zi"
+        if listing.is_file():
+            names, links = set(), {}
+            for line in listing.read_text(encoding="utf-8").splitlines():
+                parts = line.split()
+                if len(parts) > 1 and parts[0] == "Z":
+                    names.add(parts[1])
+                elif len(parts) > 2 and parts[0] == "L":  # "L target name"
+                    links[parts[2]] = parts[1]
+            return frozenset(names), links
+    return None
+
+
 def zone_problem(name: object) -> str | None:
-    """Why ``name`` is not an IANA time zone (None when it is one)."""
+    """Why ``name`` is not an IANA time zone this server can read (None when it is one)."""
+    if problem := _name_problem(name):
+        return problem
+    try:
+        _load(str(name))
+    except ZoneError as exc:
+        return str(exc)
+    return None
+
+
+def zone_of(name: str) -> zoneinfo.ZoneInfo:
+    if problem := _name_problem(name):
+        raise ZoneError(problem)
+    return _load(name)
+
+
+def _name_problem(name: object) -> str | None:
     if not isinstance(name, str) or not name:
         return "An IANA time zone name is required, e.g. America/Sao_Paulo."
     # Only names of the database: no file paths, no POSIX TZ strings, no local files.
@@ -125,13 +150,27 @@ def zone_problem(name: object) -> str | None:
     return None
 
 
-def zone_of(name: str) -> zoneinfo.ZoneInfo:
-    if problem := zone_problem(name):
-        raise ZoneError(problem)
+def _load(name: str) -> zoneinfo.ZoneInfo:
+    """The zone of a listed name, read through its link when the link has no file.
+
+    Listed is not installed: Debian 13 lists the backward-compatible links (``US/Eastern``)
+    in tzdata.zi but ships their files apart (``tzdata-legacy``). A link names its zone, so
+    it is read as that zone: a schedule written with it keeps running after such an
+    upgrade. A name that cannot be read either way is refused with the reason.
+    """
     try:
         return zoneinfo.ZoneInfo(name)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError) as exc:
-        raise ZoneError(f"{name!r} cannot be read from the time zone database: {exc}") from exc
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        listed = _listing()
+        target = listed[1].get(name) if listed is not None else None
+        if target is not None:
+            try:
+                return zoneinfo.ZoneInfo(target)
+            except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+                pass
+        raise ZoneError(
+            f"{name!r} cannot be read from this server's time zone database ({exc})"
+        ) from exc
 
 
 # --- expressions ----------------------------------------------------------------------------
