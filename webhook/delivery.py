@@ -1064,18 +1064,22 @@ def _after_failure(
         # attempts of a failing receiver would each hold a worker slot until they time out.
         _park_scheduled(endpoint, except_pk=delivery.pk)
     delay = _retry_delay(delivery, endpoint, now, answer) if outcome is Outcome.RETRYING else None
+    reason = ""
     if outcome is Outcome.RETRYING and delay is None:
         outcome = Outcome.FAILED  # its schedule is spent
+        # Said, or the tenant would read a 503 (or a timeout) as the receiver's last word.
+        last = f"HTTP {answer.status_code}" if answer.status_code else answer.error[:EXCERPT_CHARS]
+        reason = f"retries spent after {delivery.attempts} attempts; the last: {last}"
     if not endpoint.is_active:
         # Disabled by this failure: held for its enable, as the others are.
         if outcome is Outcome.FAILED:
-            delivery.fail(now=now)
+            delivery.fail(now=now, reason=reason)
             return outcome
         delivery.park()
         return Outcome.HELD
     probe_on_its_way = _has_scheduled(endpoint, except_pk=delivery.pk, except_run=run_id)
     if outcome is Outcome.FAILED:
-        delivery.fail(now=now)
+        delivery.fail(now=now, reason=reason)
         if not probe_on_its_way:
             # The next parked delivery becomes the one whose attempts look for the
             # endpoint's recovery, at the probe's pace.
@@ -1238,7 +1242,7 @@ def _endpoint_failed(endpoint: WebhookEndpoint, now: datetime, answer: transport
     if endpoint.is_active and failing_for >= timedelta(
         seconds=settings.WEBHOOK_DISABLE_AFTER_SECONDS
     ):
-        last = f"HTTP {answer.status_code}" if answer.status_code else answer.error
+        last = f"HTTP {answer.status_code}" if answer.status_code else answer.error[:EXCERPT_CHARS]
         endpoint.disable(
             reason=(
                 f"Every delivery failed for {failing_for.days} days and "

@@ -8,15 +8,17 @@ check keep the name): no second lookup, so no DNS-rebinding window between the c
 connect. Redirects are not followed unless ``WEBHOOK_MAX_REDIRECTS`` allows it, and then each
 hop is checked the same way. Timeouts are short and the answer's body is read only up to a
 bound, so a receiver costs a worker slot for seconds at most: the request's whole time is
-bounded by the clock (``WEBHOOK_TIMEOUT``), not only each read, since a receiver that sends
-a byte now and then meets every read timeout (``_Cutoff``).
+bounded by the clock (``WEBHOOK_TIMEOUT``, the host's lookup included), not only each read,
+since a receiver that sends a byte now and then meets every read timeout (``_Cutoff``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import email.utils
 import functools
 import heapq
+import http.client
 import ipaddress
 import itertools
 import logging
@@ -26,6 +28,7 @@ import ssl
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC
 from urllib.parse import urljoin, urlsplit
 
 import certifi
@@ -36,6 +39,8 @@ from django.conf import settings
 from urllib3.exceptions import (
     ConnectTimeoutError,
     HTTPError,
+    InvalidChunkLength,
+    InvalidHeader,
     NewConnectionError,
     ProtocolError,
     ReadTimeoutError,
@@ -304,13 +309,18 @@ def check_url(url: str) -> str | None:
     return None
 
 
-def resolve(host: str, port: int) -> str:
+class LookupTimedOut(TimeoutError):
+    """The host's lookup did not end before the request's time limit."""
+
+
+def resolve(host: str, port: int, deadline: float | None = None) -> str:
     """The first address of ``host`` (canonical) a delivery may reach; RefusedAddress if
-    none, Unresolved if the name has no address. Their messages are the tenant's to read;
-    what the resolver answered is logged for the operators."""
+    none, Unresolved if the name has no address, LookupTimedOut if the lookup outlasts
+    ``deadline`` (monotonic). Their messages are the tenant's to read; what the resolver
+    answered is logged for the operators."""
     allow_private = settings.WEBHOOK_ALLOW_PRIVATE_ADDRESSES
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = _getaddrinfo(host, port, deadline)
     except (socket.gaierror, UnicodeError) as exc:
         logger.warning("webhook host %s did not resolve: %s", host, exc)
         raise Unresolved(UNRESOLVED) from None
@@ -324,6 +334,33 @@ def resolve(host: str, port: int) -> str:
         ", ".join(addresses),
     )
     raise RefusedAddress(NOT_PUBLIC)
+
+
+def _getaddrinfo(host: str, port: int, deadline: float | None) -> list:
+    """``getaddrinfo`` waited for until ``deadline`` at most. The lookup cannot be
+    interrupted, and how long it takes is the tenant's name servers' choice (the C
+    resolver gives up after its own timeouts and attempts, half a minute and more): so it
+    runs on a thread of its own, left to end by itself if the request gives up on it. Such
+    a thread lives as long as the resolver's own timeout, and a receiver whose lookups
+    time out is tried one attempt at a time, so they stay few."""
+    if deadline is None:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    outcome: list = []
+
+    def lookup() -> None:
+        try:
+            outcome.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except BaseException as exc:  # raised again on the request's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=lookup, name="webhook-lookup", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    if not outcome:
+        raise LookupTimedOut(f"the lookup of {host} did not end in time")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
@@ -350,7 +387,10 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
                     and location
                     and _hop < settings.WEBHOOK_MAX_REDIRECTS
                 ):
-                    url = urljoin(url, location)
+                    try:
+                        url = urljoin(url, location)
+                    except ValueError as exc:  # the receiver's text: "http://[::1", say
+                        raise RefusedAddress(f"redirect refused: not a valid URL: {exc}") from None
                     reason = check_url(url)
                     if reason:
                         raise RefusedAddress(f"redirect refused: {reason}")
@@ -358,11 +398,17 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> Answer:
                 error = ""
                 if status in REDIRECTS:
                     error = f"redirect to {location or '?'} not followed"
+                    if status in FOLLOWED_REDIRECTS and settings.WEBHOOK_MAX_REDIRECTS:
+                        error += f": more than {settings.WEBHOOK_MAX_REDIRECTS} redirects"
                 return Answer(status, elapsed_ms(), error, excerpt, retry_after)
     except RefusedAddress as exc:
         return Answer(None, elapsed_ms(), f"refused: {exc}", refused=True)
     except Unresolved as exc:
         return Answer(None, elapsed_ms(), f"connection error: {exc}")
+    except LookupTimedOut as exc:
+        logger.info("webhook POST to %s failed: %s", url, exc)
+        error = f"timeout: the name did not resolve within {settings.WEBHOOK_TIMEOUT:g} s"
+        return Answer(None, elapsed_ms(), error, timed_out=True)
     except (HTTPError, OSError, ssl.SSLError) as exc:
         logger.info("webhook POST to %s failed: %s: %s", url, type(exc).__name__, exc)
         if cutoff.fired:
@@ -397,13 +443,47 @@ def _described(exc: BaseException) -> tuple[str, bool]:
         return f"connection error: the receiver's certificate was refused: {mismatch}", False
     if _in_chain(exc, ssl.SSLError) is not None:
         return "connection error: the TLS handshake failed", False
+    malformed = _malformed(exc)
+    if malformed:
+        return f"connection error: {malformed}", False
     if isinstance(exc, ProtocolError):
         return "connection error: the connection closed before an answer", False
     return "connection error: the request failed", False
 
 
-def _in_chain(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+def _malformed(exc: BaseException) -> str:
+    """What was wrong with an answer that came but could not be read as HTTP ("" if that
+    is not what ``exc`` says): a receiver on another protocol's port, a head larger than
+    the client reads (100 headers, 64 KiB a line), a body cut short, a broken framing."""
+    if _in_chain(exc, http.client.RemoteDisconnected) is not None:
+        return ""  # (a BadStatusLine too, for old reasons: nothing came at all)
+    if _in_chain(exc, http.client.BadStatusLine) is not None:
+        return "the answer is not HTTP"
+    too_long = _in_chain(exc, http.client.LineTooLong)
+    if too_long is not None and ("header" in str(too_long) or "status" in str(too_long)):
+        return "the answer's head is too large"
+    if any(
+        # (how http.client says "more than 100 headers": the base class, and a message)
+        type(link) is http.client.HTTPException and str(link).startswith("got more than")
+        for link in _chain(exc)
+    ):
+        return "the answer's head is too large"
+    if _in_chain(exc, InvalidChunkLength) is not None or too_long is not None:
+        return "the answer is not valid HTTP"
+    if _in_chain(exc, http.client.IncompleteRead) is not None:
+        return "the answer's body was cut short or malformed"
+    if _in_chain(exc, InvalidHeader | http.client.UnknownProtocol) is not None:
+        return "the answer is not valid HTTP"
+    return ""
+
+
+def _in_chain(exc: BaseException, kind) -> BaseException | None:
     """The first exception of ``kind`` among ``exc``, its causes and arguments."""
+    return next((link for link in _chain(exc) if isinstance(link, kind)), None)
+
+
+def _chain(exc: BaseException):
+    """``exc``, then its arguments and causes that are exceptions, breadth first."""
     seen: set[int] = set()
     pending: list[BaseException] = [exc]
     while pending:
@@ -411,11 +491,9 @@ def _in_chain(exc: BaseException, kind: type[BaseException]) -> BaseException | 
         if id(current) in seen:
             continue
         seen.add(id(current))
-        if isinstance(current, kind):
-            return current
+        yield current
         pending.extend(arg for arg in current.args if isinstance(arg, BaseException))
         pending.extend(link for link in (current.__cause__, current.__context__) if link)
-    return None
 
 
 # --- kept connections -----------------------------------------------------------------------
@@ -623,12 +701,28 @@ class _Watched:
         super().request(*args, **kwargs)
 
 
+class _FinalAnswer(http.client.HTTPResponse):
+    """The receiver's final answer, read past any informational ones (1xx) before it, as
+    HTTP asks of every client. ``http.client`` reads past 100 Continue only: a 103 Early
+    Hints or a 102 Processing would be taken for the answer (and the delivery failed for
+    good on it). 101 stays an answer: the receiver left HTTP, which the hub never asks."""
+
+    def _read_status(self):
+        while True:
+            version, status, reason = super()._read_status()
+            if not 102 <= status < 200:
+                return version, status, reason
+            # Its headers are skipped (and bounded like any answer's); a receiver sending
+            # such answers without end meets the request's time limit.
+            http.client.parse_headers(self.fp)
+
+
 class _WatchedHTTPConnection(_Watched, urllib3.connection.HTTPConnection):
-    pass
+    response_class = _FinalAnswer
 
 
 class _WatchedHTTPSConnection(_Watched, urllib3.connection.HTTPSConnection):
-    pass
+    response_class = _FinalAnswer
 
 
 class _HTTPPool(urllib3.HTTPConnectionPool):
@@ -646,7 +740,7 @@ def _post_once(
     url: str, body: bytes, headers: dict[str, str], deadline: float, cutoff: _Cutoff
 ) -> tuple[int, str, str, float | None]:
     target = target_of(url)
-    address = target.host if target.is_address else resolve(target.host, target.port)
+    address = target.host if target.is_address else resolve(target.host, target.port, deadline)
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise TimeoutError("no time left for the request")
@@ -723,11 +817,21 @@ def _read_bounded(response, deadline: float) -> tuple[str, bool]:
     return b"".join(chunks).decode("utf-8", errors="replace"), whole
 
 
+# Retry-After's delay-seconds: digits only (not float()'s "1e3", "inf", "1_000", "-5").
+_DELAY_SECONDS = re.compile(r"[0-9]+")
+
+
 def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
+    """The seconds a Retry-After asks to wait (its two forms: delay-seconds, or an
+    HTTP-date counted from now); None when it is neither, or a time already past, and the
+    schedule's own delay stands. How long a wait is honoured is the schedule's to bound."""
+    value = (value or "").strip()
+    if _DELAY_SECONDS.fullmatch(value):
+        return float(value)
     try:
-        seconds = float(value)
-    except ValueError:
-        return None  # the HTTP-date form: the schedule's own delay stands
-    return seconds if seconds >= 0 else None
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    # An HTTP-date is in GMT; one without a zone is read so too.
+    seconds = when.replace(tzinfo=when.tzinfo or UTC).timestamp() - time.time()
+    return seconds if seconds > 0 else None

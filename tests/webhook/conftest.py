@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import queue
+import socket
 import ssl
 import threading
 import time
@@ -250,3 +251,69 @@ def tls_receiver(certificate_name: str) -> Iterator[TLSReceiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class RawReceiver:
+    """A receiver that answers each request it reads with the next of ``answers``, bytes
+    written as they are (HTTP or not), then closes the connection. What no well-behaved
+    server sends: informational answers, malformed heads, other protocols' greetings."""
+
+    def __init__(self, *answers: bytes) -> None:
+        self.answers = list(answers)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        # The request lines read, one a request.
+        self.requests: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hooks"
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self.listener.accept()
+                with client:
+                    client.settimeout(10)
+                    self.requests.append(read_request(client))
+                    client.sendall(self.answers.pop(0) if self.answers else b"")
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def read_request(client: socket.socket) -> bytes:
+    """Read one request (its head and its Content-Length of body); its request line."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = client.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    length = next(
+        (
+            int(line.split(b":", 1)[1])
+            for line in lines
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
+    )
+    while len(body) < length:
+        body += client.recv(65536)
+    return lines[0]
+
+
+@pytest.fixture
+def raw_receiver():
+    made: list[RawReceiver] = []
+
+    def make(*answers: bytes) -> RawReceiver:
+        made.append(RawReceiver(*answers))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
