@@ -53,7 +53,9 @@ WAYS_FORWARD = {
     JobStatus.RUNNING: (
         "its worker's report; its lease (JOB_LEASE_SECONDS, extended by heartbeats; the "
         "jobs_running_has_claim_check constraint keeps every running job with one): once "
-        "expired, the monitor fails it worker_lost, or requeues it when max_attempts allows"
+        "expired, the monitor fails it worker_lost, or requeues it when max_attempts allows; "
+        "once a cancellation is asked, heartbeats extend it to two leases after it at most, "
+        "and the monitor ends it canceled"
     ),
 }
 
@@ -325,7 +327,18 @@ class Job(models.Model):
         self.check_claim(claim_token)
         self._require_running()
         self.last_heartbeat_at = now
-        self.lease_expires_at = now + lease
+        if self.cancel_requested:
+            # The worker learns of the cancellation at this beat (within a third of a
+            # lease of it) and stops: a lease more is its time to stop and report. Beats
+            # extend the lease no further (nor shorten it: one the monitor renewed after
+            # an outage stays), so a machine that never stops cannot keep the job
+            # running: the monitor ends it canceled when the lease runs out.
+            self.lease_expires_at = max(
+                self.lease_expires_at or now,
+                min(now + lease, self.cancel_requested_at + 2 * lease),
+            )
+        else:
+            self.lease_expires_at = now + lease
         if progress is not None:
             self.progress = progress
 

@@ -362,11 +362,24 @@ def job_claim(
 
     A worker may name its claim (``claim_token``): the same claim sent again, its answer
     lost on the way back, is answered with the job as that claim left it, its lease
-    renewed, instead of ``already_claimed`` for a job nobody would then run."""
+    renewed, instead of ``already_claimed`` for a job nobody would then run.
+
+    A pending job whose tenant was deactivated is not started: it is canceled as
+    ``job.cancel_deactivated`` would cancel it, and the claim refused ``not_pending``."""
     try:
-        job = _claim(
-            worker=worker, job_id=job_id, lease=lease or lease_length(), claim_token=claim_token
-        )
+        try:
+            job = _claim(
+                worker=worker, job_id=job_id, lease=lease or lease_length(), claim_token=claim_token
+            )
+        except _TenantInactive:
+            # Its tenant was deactivated, and the task that cancels its pending jobs has not
+            # come to it yet (or it came after the task looked): canceled here, as the task
+            # would, so that the poll stops offering it.
+            canceled = job_cancel_deactivated(job_id=job_id, pending_only=True)
+            status = canceled.status if canceled is not None else Job.objects.get(pk=job_id).status
+            raise Conflict(
+                "The job is not pending.", code="not_pending", details={"status": status}
+            ) from None
     except Conflict as refusal:
         # A refused claim is the protocol working, not a failure.
         count_claim_refusal(refusal.code)
@@ -386,6 +399,8 @@ def _claim(*, worker: Any, job_id: int, lease: timedelta, claim_token: uuid.UUID
         job.heartbeat(claim_token=claim_token, lease=lease, now=timezone.now())
         save_transition(job, was=JobStatus.RUNNING)
         return job
+    if job.status == JobStatus.PENDING and not tenant_is_active(job.tenant_id):
+        raise _TenantInactive
     automation = automation_get(automation_id)
     running = running_count(automation_id=automation_id)
     event = job.start(
@@ -399,6 +414,10 @@ def _claim(*, worker: Any, job_id: int, lease: timedelta, claim_token: uuid.UUID
     save_transition(job, was=JobStatus.PENDING)
     record_transition(job, event, actor=worker)
     return job
+
+
+class _TenantInactive(Exception):
+    """The claimed job is its deactivated tenant's: it is canceled instead."""
 
 
 def lock_claims_of(automation_id: int) -> None:

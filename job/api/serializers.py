@@ -175,11 +175,22 @@ class AnyJSONField(serializers.JSONField):
 
 
 class CommandOutputField(serializers.CharField):
-    """Text a command printed: may hold any character.
+    """Text a command printed: may hold any character, and any length.
 
     The views that take it list it in ``replace_unstorable_text``, so the parser replaces
-    U+0000 and lone surrogates by U+FFFD: a refused report would lose the job's outcome.
+    U+0000 and lone surrogates by U+FFFD: a refused report would lose the job's outcome
+    (its worker forgets a refused report, and the job would wait for its lease to run out).
+    For the same reason, text longer than ``keep_first`` characters is cut to them rather
+    than refused.
     """
+
+    def __init__(self, *, keep_first: int | None = None, **kwargs):
+        self.keep_first = keep_first
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        return value if self.keep_first is None else value[: self.keep_first]
 
 
 class StartInput(serializers.Serializer):
@@ -245,8 +256,17 @@ class CompleteInput(_ClaimInput):
     exit_code = _exit_code_field()
 
 
+# The most of a failure's ``error`` a job keeps (its first characters).
+FAILURE_ERROR_MAX_CHARS = 10_000
+
+
 class FailInput(_ClaimInput):
-    error = CommandOutputField(max_length=10_000, allow_blank=True, trim_whitespace=False)
+    error = CommandOutputField(
+        keep_first=FAILURE_ERROR_MAX_CHARS,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text=f"What went wrong; only the first {FAILURE_ERROR_MAX_CHARS} characters are kept.",
+    )
     output_tail = _output_tail_field()
     exit_code = _exit_code_field()
     reason = serializers.ChoiceField(

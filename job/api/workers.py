@@ -169,7 +169,11 @@ def _report_schema(answer, *, request, operation_id: str, summary: str, descript
     request=HeartbeatInput,
     operation_id="jobs_heartbeat",
     summary="Extend the claim's lease",
-    description="The answer's `cancel_requested` tells the worker to stop and report.",
+    description=(
+        "The answer's `cancel_requested` tells the worker to stop and report. Once a "
+        "cancellation is asked, beats extend the lease to two leases after it at most: a job "
+        "whose worker has not reported by then is ended `canceled`."
+    ),
 )
 class JobHeartbeatApi(_JobReportApi):
     report_input = HeartbeatInput
