@@ -28,7 +28,7 @@ from automation.services import (
     worker_rotate_credential,
     worker_seen,
 )
-from common.api import NeverDeleted, PartialUpdate, validated, validated_query
+from common.api import NeverDeleted, PartialUpdate, WholeNumberField, validated, validated_query
 from common.schema import change_schema, create_schema, refused_delete
 from identity.permissions import IsPlatformAdmin, ReadForPeopleWriteForAdmins, is_platform_admin
 
@@ -135,13 +135,13 @@ class AutomationCreateSerializer(serializers.Serializer):
         help_text="Derived from the name if blank.",
     )
     description = serializers.CharField(required=False, allow_blank=True, default="")
-    sector = serializers.IntegerField(help_text="An active sector's id.")
+    sector = WholeNumberField(help_text="An active sector's id.")
     command = CommandField()
-    max_concurrency = serializers.IntegerField(
+    max_concurrency = WholeNumberField(
         required=False, default=1, help_text="Jobs that may run at the same time (at least 1)."
     )
-    timeout_seconds = serializers.IntegerField(required=False, default=3600)
-    max_attempts = serializers.IntegerField(required=False, default=1)
+    timeout_seconds = WholeNumberField(required=False, default=3600)
+    max_attempts = WholeNumberField(required=False, default=1)
     params_schema = JsonSchemaField(required=False, allow_null=True, default=None)
     worker = WorkerMachineSerializer(required=False)
 
@@ -150,11 +150,11 @@ class AutomationUpdateSerializer(PartialUpdate):
     name = serializers.CharField(max_length=200, required=False)
     slug = serializers.CharField(max_length=120, required=False)
     description = serializers.CharField(required=False, allow_blank=True)
-    sector = serializers.IntegerField(required=False)
+    sector = WholeNumberField(required=False)
     command = CommandField(required=False)
-    max_concurrency = serializers.IntegerField(required=False)
-    timeout_seconds = serializers.IntegerField(required=False)
-    max_attempts = serializers.IntegerField(required=False)
+    max_concurrency = WholeNumberField(required=False)
+    timeout_seconds = WholeNumberField(required=False)
+    max_attempts = WholeNumberField(required=False)
     params_schema = JsonSchemaField(required=False, allow_null=True)
     worker = WorkerMachineUpdateSerializer(
         required=False, help_text="A different machine re-registers the worker."
@@ -168,7 +168,7 @@ class AutomationFilterSerializer(serializers.Serializer):
         default=None,
         help_text="Platform admins only; everyone else sees active automations only.",
     )
-    sector = serializers.IntegerField(required=False, min_value=1, default=None)
+    sector = WholeNumberField(required=False, min_value=1, default=None)
     search = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
 
 

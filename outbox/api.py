@@ -16,6 +16,7 @@ from rest_framework.permissions import BasePermission
 from common.api import (
     AwareDateTimeField,
     NewestFirstCursorPagination,
+    WholeNumberField,
     check_window,
     query_values,
 )
@@ -73,10 +74,10 @@ class EventListFilters(serializers.Serializer):
     occurred_before = AwareDateTimeField(
         required=False, help_text="Events before this instant (ISO 8601 with its offset)."
     )
-    tenant = serializers.IntegerField(
+    tenant = WholeNumberField(
         required=False, min_value=1, help_text="Platform admins: only this tenant's events."
     )
-    limit = serializers.IntegerField(
+    limit = WholeNumberField(
         required=False,
         min_value=1,
         max_value=NewestFirstCursorPagination.max_page_size,

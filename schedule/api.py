@@ -12,7 +12,7 @@ from rest_framework import generics, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from common.api import NeverDeleted, PartialUpdate, validated, validated_query
+from common.api import NeverDeleted, PartialUpdate, WholeNumberField, validated, validated_query
 from common.schema import change_schema, create_schema, error_response, refused_delete
 from identity.permissions import IsTenantManager, ReadForMembersWriteForManagers
 from schedule.models import Misfire, Schedule
@@ -106,7 +106,7 @@ class ScheduleCreateSerializer(serializers.Serializer):
         default="",
         help_text="Defaults to the cron expression.",
     )
-    automation = serializers.IntegerField(min_value=1, help_text="An active automation's id.")
+    automation = WholeNumberField(min_value=1, help_text="An active automation's id.")
     cron = serializers.CharField(max_length=200, help_text=CRON_HELP)
     timezone = serializers.CharField(max_length=64, default="UTC", help_text=TIMEZONE_HELP)
     params = ParamsField(required=False, default=dict)
@@ -129,7 +129,7 @@ class ScheduleFilterSerializer(serializers.Serializer):
     active = serializers.BooleanField(
         required=False, allow_null=True, default=None, help_text="Only active (or deactivated)."
     )
-    automation = serializers.IntegerField(required=False, min_value=1, default=None)
+    automation = WholeNumberField(required=False, min_value=1, default=None)
 
 
 @extend_schema_view(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from common.api import PartialUpdate
+from common.api import PartialUpdate, WholeNumberField
 from identity.emails import normalize_email
 from identity.models import Tenant, User
 
@@ -115,7 +115,7 @@ class UserRegisterSerializer(serializers.Serializer):
     full_name = serializers.CharField(max_length=200, required=False, default="")
     password = serializers.CharField(max_length=4096, trim_whitespace=False, write_only=True)
     role = serializers.ChoiceField(choices=User.Role.choices, default=User.Role.MEMBER)
-    tenant = serializers.IntegerField(
+    tenant = WholeNumberField(
         required=False,
         min_value=1,
         help_text="Required for platform admins; a manager registers into their own tenant.",
@@ -132,6 +132,6 @@ class UserListQuerySerializer(serializers.Serializer):
     search = serializers.CharField(
         required=False, max_length=200, default="", help_text="Part of the name or email."
     )
-    tenant = serializers.IntegerField(
+    tenant = WholeNumberField(
         required=False, min_value=1, help_text="Platform admins: only this tenant's users."
     )

@@ -6,7 +6,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from common.api import AwareDateTimeField, check_window
+from common.api import AwareDateTimeField, WholeNumberField, check_window
 from job.models import FailureReason, Job, JobStatus
 from job.selectors import PUBLIC_FIELDS, job_public
 
@@ -19,7 +19,7 @@ class JSONObjectField(serializers.JSONField):
 
 
 class JobCreateInput(serializers.Serializer):
-    automation = serializers.IntegerField(min_value=1)
+    automation = WholeNumberField(min_value=1)
     params = JSONObjectField(
         required=False,
         default=dict,
@@ -37,7 +37,7 @@ class JobListFilters(serializers.Serializer):
         required=False,
         help_text=f"One status or several, comma-separated: {', '.join(JobStatus.values)}.",
     )
-    automation = serializers.IntegerField(required=False, min_value=1)
+    automation = WholeNumberField(required=False, min_value=1)
     created_after = AwareDateTimeField(
         required=False,
         help_text="Jobs created at or after this instant (ISO 8601 with its offset).",
@@ -127,7 +127,7 @@ class JobOutput(serializers.ModelSerializer):
 
 
 class PollFilters(serializers.Serializer):
-    limit = serializers.IntegerField(required=False, default=20, min_value=1, max_value=100)
+    limit = WholeNumberField(required=False, default=20, min_value=1, max_value=100)
 
 
 class PendingJobOutput(serializers.ModelSerializer):
@@ -238,7 +238,7 @@ def _output_tail_field() -> serializers.CharField:
 
 def _exit_code_field() -> serializers.IntegerField:
     # A process's exit status (negative: killed by that signal), within PostgreSQL's integer.
-    return serializers.IntegerField(
+    return WholeNumberField(
         required=False,
         allow_null=True,
         default=None,
@@ -279,7 +279,7 @@ class FailInput(_ClaimInput):
 
 
 class OutputInput(_ClaimInput):
-    seq = serializers.IntegerField(
+    seq = WholeNumberField(
         min_value=0, help_text="The chunk's number in the attempt: 0, 1, 2... in order."
     )
     text = CommandOutputField(
@@ -308,13 +308,13 @@ OUTPUT_PAGE_MAX_CHARS = 1024 * 1024
 
 
 class OutputFilters(serializers.Serializer):
-    offset = serializers.IntegerField(
+    offset = WholeNumberField(
         required=False,
         default=0,
         min_value=0,
         help_text="Where to read from: 0, or the `next_offset` of the previous page.",
     )
-    limit = serializers.IntegerField(
+    limit = WholeNumberField(
         required=False,
         default=OUTPUT_PAGE_DEFAULT_CHARS,
         min_value=1,
@@ -324,7 +324,7 @@ class OutputFilters(serializers.Serializer):
 
 
 class FollowFrom(serializers.Serializer):
-    offset = serializers.IntegerField(
+    offset = WholeNumberField(
         required=False,
         default=0,
         min_value=0,
