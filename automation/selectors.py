@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
@@ -83,6 +83,14 @@ def automation_id_on_terms(terms: JobTerms) -> RawSQL:
         (terms.automation_id, terms.schema_digest),
         output_field=_ID,
     )
+
+
+def automation_time_limit(automation_id: int) -> timedelta | None:
+    """How long one job of the automation may run (its ``timeout_seconds``); None when
+    there is no such automation."""
+    rows = Automation.objects.filter(pk=automation_id)
+    seconds = rows.values_list("timeout_seconds", flat=True).first()
+    return None if seconds is None else timedelta(seconds=seconds)
 
 
 def automation_get_by_slug(slug: str) -> Automation | None:

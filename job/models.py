@@ -55,7 +55,8 @@ WAYS_FORWARD = {
         "jobs_running_has_claim_check constraint keeps every running job with one): once "
         "expired, the monitor fails it worker_lost, or requeues it when max_attempts allows; "
         "once a cancellation is asked, heartbeats extend it to two leases after it at most, "
-        "and the monitor ends it canceled"
+        "and the monitor ends it canceled; past its automation's timeout_seconds, to a lease "
+        "after that at most, and the monitor fails it timeout"
     ),
 }
 
@@ -244,6 +245,14 @@ class Job(models.Model):
             and self.lease_expires_at <= now
         )
 
+    def ran_out_of_time(self, *, time_limit: timedelta, now: datetime) -> bool:
+        """A running job started ``time_limit`` or longer ago."""
+        return (
+            self.status == JobStatus.RUNNING
+            and self.started_at is not None
+            and self.started_at + time_limit <= now
+        )
+
     # --- events -----------------------------------------------------------------------
 
     def _event(self, name: str, **extra: Any) -> JobEvent:
@@ -322,23 +331,36 @@ class Job(models.Model):
             )
 
     def heartbeat(
-        self, *, claim_token: uuid.UUID, lease: timedelta, now: datetime, progress: Any = None
+        self,
+        *,
+        claim_token: uuid.UUID,
+        lease: timedelta,
+        now: datetime,
+        progress: Any = None,
+        time_limit: timedelta | None = None,
     ) -> None:
+        """The claim's lease extended by ``lease`` from ``now``, up to the job's ends.
+
+        Two ends bound it, so that a machine that beats on and never reports cannot keep
+        the job running: a cancellation (the worker learns of it at this beat, within a
+        third of a lease, and stops: a lease more is its time to stop and report) and the
+        automation's ``time_limit`` from the start (the worker stops its command there and
+        reports: a lease more, again). Past an end, beats extend the lease no further, nor
+        shorten it (one the monitor renewed after an outage stays): the monitor ends the
+        job when it runs out, ``canceled`` or failed ``timeout``.
+        """
         self.check_claim(claim_token)
         self._require_running()
         self.last_heartbeat_at = now
+        ends = [now + lease]
         if self.cancel_requested:
-            # The worker learns of the cancellation at this beat (within a third of a
-            # lease of it) and stops: a lease more is its time to stop and report. Beats
-            # extend the lease no further (nor shorten it: one the monitor renewed after
-            # an outage stays), so a machine that never stops cannot keep the job
-            # running: the monitor ends it canceled when the lease runs out.
-            self.lease_expires_at = max(
-                self.lease_expires_at or now,
-                min(now + lease, self.cancel_requested_at + 2 * lease),
-            )
+            ends.append(self.cancel_requested_at + 2 * lease)
+        if time_limit is not None and self.started_at is not None:
+            ends.append(self.started_at + time_limit + lease)
+        if len(ends) == 1:
+            self.lease_expires_at = ends[0]
         else:
-            self.lease_expires_at = now + lease
+            self.lease_expires_at = max(self.lease_expires_at or now, min(ends))
         if progress is not None:
             self.progress = progress
 

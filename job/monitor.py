@@ -49,6 +49,10 @@ class Settlement(StrEnum):
 
 
 WORKER_LOST_ERROR = "The worker stopped heartbeating: its lease expired at {expired}."
+OUT_OF_TIME_ERROR = (
+    "The job ran past its automation's time limit of {limit} s and its worker did not "
+    "report: its lease expired at {expired}."
+)
 
 
 def job_settle_lost(*, job_id: int) -> Settlement:
@@ -77,11 +81,17 @@ def job_settle_lost(*, job_id: int) -> Settlement:
         if not job.lease_expired(now=now):
             return Settlement.ALIVE
         automation = automation_get(job.automation_id)
+        # Past its time limit, the job failed for its time, not for a lost worker: another
+        # attempt would run as long.
+        out_of_time = automation is not None and job.ran_out_of_time(
+            time_limit=timedelta(seconds=automation.timeout_seconds), now=now
+        )
         if (
             automation is not None
             and automation.is_active
             and automation.max_attempts > job.attempt
             and not job.cancel_requested
+            and not out_of_time
         ):
             job.requeue(now=now)
             save_transition(job, was=JobStatus.RUNNING)
@@ -97,11 +107,14 @@ def job_settle_lost(*, job_id: int) -> Settlement:
                 )
             outcome = Settlement.REQUEUED
         else:
-            event = job.fail(
-                reason=Job.FailureReason.WORKER_LOST,
-                now=now,
-                error=WORKER_LOST_ERROR.format(expired=job.lease_expires_at.isoformat()),
-            )
+            expired = job.lease_expires_at.isoformat()
+            if out_of_time:
+                reason = Job.FailureReason.TIMEOUT
+                error = OUT_OF_TIME_ERROR.format(limit=automation.timeout_seconds, expired=expired)
+            else:
+                reason = Job.FailureReason.WORKER_LOST
+                error = WORKER_LOST_ERROR.format(expired=expired)
+            event = job.fail(reason=reason, now=now, error=error)
             save_transition(job, was=JobStatus.RUNNING)
             record_transition(job, event, actor="system")
             outcome = Settlement(job.status)

@@ -23,7 +23,12 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from automation.params_schema import TooCostly, UnusableSchema, params_errors
-from automation.selectors import JobTerms, automation_get, automation_id_on_terms
+from automation.selectors import (
+    JobTerms,
+    automation_get,
+    automation_id_on_terms,
+    automation_time_limit,
+)
 from automation.services import worker_seen
 from common import tracing
 from common.context import get_correlation_id
@@ -396,7 +401,12 @@ def _claim(*, worker: Any, job_id: int, lease: timedelta, claim_token: uuid.UUID
     job = _locked(Job.objects.filter(automation_id=automation_id), job_id)
     if claim_token is not None and job.claim_token == claim_token:
         # This very claim, sent again: the first one's answer never reached the worker.
-        job.heartbeat(claim_token=claim_token, lease=lease, now=timezone.now())
+        job.heartbeat(
+            claim_token=claim_token,
+            lease=lease,
+            now=timezone.now(),
+            time_limit=automation_time_limit(automation_id),
+        )
         save_transition(job, was=JobStatus.RUNNING)
         return job
     if job.status == JobStatus.PENDING and not tenant_is_active(job.tenant_id):
@@ -444,7 +454,11 @@ def job_heartbeat(*, worker: Any, job_id: int, claim_token: uuid.UUID, progress:
         _require_size("progress", progress, settings.JOB_RESULT_MAX_BYTES)
     job = _locked(Job.objects.filter(automation_id=worker.automation_id), job_id)
     job.heartbeat(
-        claim_token=claim_token, lease=lease_length(), now=timezone.now(), progress=progress
+        claim_token=claim_token,
+        lease=lease_length(),
+        now=timezone.now(),
+        progress=progress,
+        time_limit=automation_time_limit(worker.automation_id),
     )
     save_transition(job, was=JobStatus.RUNNING)
     # After the commit: the worker's row is not part of the job's transaction.

@@ -172,7 +172,9 @@ def _report_schema(answer, *, request, operation_id: str, summary: str, descript
     description=(
         "The answer's `cancel_requested` tells the worker to stop and report. Once a "
         "cancellation is asked, beats extend the lease to two leases after it at most: a job "
-        "whose worker has not reported by then is ended `canceled`."
+        "whose worker has not reported by then is ended `canceled`. Past the automation's "
+        "`timeout_seconds`, beats extend it to a lease after the limit at most, and then the "
+        "job is failed `timeout`."
     ),
 )
 class JobHeartbeatApi(_JobReportApi):
