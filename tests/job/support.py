@@ -21,3 +21,10 @@ def events_of(job_id: int) -> list[str]:
         .order_by("id")
         .values_list("type", flat=True)
     )
+
+
+def heartbeat(worker_api: APIClient, job):
+    """The job's worker beats under its current claim."""
+    return worker_api.post(
+        f"/api/v1/jobs/{job.id}/heartbeat", {"claim_token": str(job.claim_token)}, format="json"
+    )

@@ -20,7 +20,7 @@ from job.management.commands.watch_stuck_jobs import Command
 from job.models import Job
 from job.services import job_cancel
 from tests.factories import JobFactory
-from tests.job.support import events_of
+from tests.job.support import events_of, heartbeat
 
 pytestmark = pytest.mark.django_db
 
@@ -34,12 +34,6 @@ def running(worker, worker_api, settings):
     assert worker_api.post(f"/api/v1/jobs/{job.id}/start").status_code == 200
     job.refresh_from_db()
     return job
-
-
-def heartbeat(worker_api, job):
-    return worker_api.post(
-        f"/api/v1/jobs/{job.id}/heartbeat", {"claim_token": str(job.claim_token)}, format="json"
-    )
 
 
 def test_a_machine_beating_on_after_a_cancel_cannot_keep_the_job_running(worker_api, running, user):

@@ -18,7 +18,7 @@ import time_machine
 from job.management.commands.watch_stuck_jobs import Command
 from job.models import Job
 from tests.factories import JobFactory
-from tests.job.support import events_of
+from tests.job.support import events_of, heartbeat
 
 pytestmark = pytest.mark.django_db
 
@@ -37,12 +37,6 @@ def running(worker, worker_api, settings):
     assert worker_api.post(f"/api/v1/jobs/{job.id}/start").status_code == 200
     job.refresh_from_db()
     return job
-
-
-def heartbeat(worker_api, job):
-    return worker_api.post(
-        f"/api/v1/jobs/{job.id}/heartbeat", {"claim_token": str(job.claim_token)}, format="json"
-    )
 
 
 def test_a_machine_beating_on_past_the_time_limit_cannot_keep_the_job_running(worker_api, running):
