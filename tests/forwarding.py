@@ -32,17 +32,20 @@ class Forwarder:
         return self
 
     def close(self) -> None:
-        listener, self._listener = self._listener, None
+        # Under the lock, with the connections: one being set up right now either was
+        # registered before (and is cut here) or sees the forwarder closed (and drops
+        # itself), never forwarded through the outage.
+        with self._lock:
+            listener, self._listener = self._listener, None
+            sockets, self._sockets = self._sockets, set()
         if listener is not None:
             with contextlib.suppress(OSError):
                 listener.shutdown(socket.SHUT_RDWR)
             listener.close()
-        with self._lock:
-            for sock in self._sockets:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-                sock.close()
-            self._sockets.clear()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
 
     def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -57,7 +60,16 @@ class Forwarder:
                 client.close()
                 continue
             with self._lock:
-                self._sockets.update((client, upstream))
+                closed = self._listener is not listener
+                if not closed:
+                    self._sockets.update((client, upstream))
+            if closed:
+                # Closed while this connection was being set up: cut as the others were.
+                for sock in (client, upstream):
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+                    sock.close()
+                continue
             for source, sink in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
 

@@ -40,11 +40,22 @@ class TcpProxy:
         self._flowing.set()
 
     def close(self) -> None:
-        self._closed.set()
-        self._listener.close()
         with self._lock:
-            for sock in self._sockets:
-                sock.close()
+            self._closed.set()
+            sockets, self._sockets = self._sockets, []
+        self._listener.close()
+        for sock in sockets:
+            sock.close()
+
+    def _keep(self, sock: socket.socket) -> bool:
+        """Registers a connection's socket to close with the proxy; one opened while the
+        proxy closed is closed at once (False)."""
+        with self._lock:
+            if not self._closed.is_set():
+                self._sockets.append(sock)
+                return True
+        sock.close()
+        return False
 
     def __enter__(self) -> TcpProxy:
         return self
@@ -61,7 +72,8 @@ class TcpProxy:
             with self._lock:
                 self.connections += 1
                 number = self.connections
-                self._sockets.append(client)
+            if not self._keep(client):
+                return
             threading.Thread(target=self._serve, args=(client, number), daemon=True).start()
 
     def _serve(self, client: socket.socket, number: int) -> None:
@@ -73,8 +85,9 @@ class TcpProxy:
         except OSError:
             client.close()
             return
-        with self._lock:
-            self._sockets.append(upstream)
+        if not self._keep(upstream):
+            client.close()
+            return
         for source, sink in ((client, upstream), (upstream, client)):
             threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
 
