@@ -46,7 +46,9 @@ def test_a_lookup_that_never_ends_is_cut_at_the_time_limit(settings, stalled_dns
     thread.join(15)
 
     assert answers, "the request was still waiting for its lookup after 15 s"
-    assert time.monotonic() - began < TIMEOUT + 1.5
+    # Cut at the limit, not when the resolver answers (a minute here): the margin is for a
+    # loaded machine, far below that.
+    assert time.monotonic() - began < TIMEOUT + 5
     (answer,) = answers
     assert answer.status_code is None
     assert answer.timed_out
