@@ -6,6 +6,7 @@ Started once per test session, on a free port; nothing reaches the internet.
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
@@ -60,3 +61,18 @@ class PrivateMoto:
         if self._server is not None:
             self._server.stop()
             self._server = None
+
+
+@pytest.fixture
+def private_sqs(settings, moto_endpoint):
+    """The settings' SQS endpoint is a ``PrivateMoto`` of this test's own (returned, for
+    the test to stop and start), its queues under a prefix of their own: moto's queues
+    live in the process, shared with the session's server."""
+    # moto_endpoint: the session's server, for its throwaway credentials.
+    server = PrivateMoto()
+    server.start()
+    settings.BROKER = "sqs"
+    settings.SQS_ENDPOINT_URL = server.url
+    settings.QUEUE_PREFIX = f"{settings.QUEUE_PREFIX}{uuid.uuid4().hex[:6]}-"
+    yield server
+    server.stop()

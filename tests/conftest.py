@@ -25,7 +25,7 @@ from hypothesis import settings as hypothesis_settings
 
 from common import accelerator
 from lifecycle import conditions
-from tests.aws import moto_endpoint  # noqa: F401
+from tests.aws import moto_endpoint, private_sqs  # noqa: F401
 from tests.factories import PlatformAdminFactory, TenantFactory, UserFactory
 from tests.private_services import (  # noqa: F401
     _private_postgres_cluster,

@@ -15,21 +15,12 @@ from broker import topology
 from broker.base import TransportUnavailable
 from broker.sqs.consumer import SQSConsumer
 from broker.sqs.publisher import sqs_client
-from tests.aws import PrivateMoto
 
 
-@pytest.fixture
-def private_sqs(settings, moto_endpoint):
-    # moto_endpoint: the session's server, for its throwaway credentials.
-    server = PrivateMoto()
-    server.start()
-    settings.BROKER = "sqs"
-    settings.SQS_ENDPOINT_URL = server.url
-    settings.QUEUE_PREFIX = f"{settings.QUEUE_PREFIX}{uuid.uuid4().hex[:6]}-"
+@pytest.fixture(autouse=True)
+def consumer_settings(settings):
     settings.WORKER_SQS_WAIT_SECONDS = 1
     settings.WORKER_VISIBILITY_TIMEOUT = 300
-    yield server
-    server.stop()
 
 
 def send(body: str) -> None:

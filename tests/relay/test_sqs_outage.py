@@ -17,22 +17,10 @@ from broker.sqs.publisher import sqs_client
 from outbox.models import PlatformOutboxMessage
 from outbox.services import dispatch
 from relay.management.commands.run_relay import Command
-from tests.aws import PrivateMoto
 from tests.polling import wait_until
 from tests.relay.conftest import run_ids, take_all_sqs
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def private_sqs(settings, moto_endpoint):
-    # moto_endpoint: the session's server, for its throwaway credentials.
-    server = PrivateMoto()
-    server.start()
-    settings.BROKER = "sqs"
-    settings.SQS_ENDPOINT_URL = server.url
-    yield server
-    server.stop()
 
 
 def relay_command() -> Command:
