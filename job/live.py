@@ -18,6 +18,8 @@ the follower read sooner.
   a follower is told to come back later (429). A stream lasts no longer than the access
   token it was opened with, and ends once its reader may no longer log in (checked every
   ``JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS``): what a new request of theirs would be refused.
+  A database that does not answer holds none of these back: a read is waited on for a
+  keep-alive at most, then again, while the stream keeps talking and ends on time.
 - **Where.** ``follow`` holds a stream open and is served by the ASGI entry point
   (``hubdommed.asgi``): each follower costs a coroutine and no worker. The WSGI server
   answers the same request with ``events_now``: what is there now, and ``retry`` for
@@ -60,8 +62,11 @@ READ_THREADS = 4
 # Redis away: the first pause before subscribing again, and the longest.
 RESUBSCRIBE_FIRST_SECONDS = 0.5
 RESUBSCRIBE_MAX_SECONDS = 10.0
-# How often an idle subscription asks Redis whether it is still there.
+# How often an idle subscription asks Redis whether it is still there, and how long its
+# answer may take: a hung Redis (its kernel still takes every byte, nothing answers) gives
+# no socket error, only silence.
 SUBSCRIPTION_PING_SECONDS = 15.0
+PING_ANSWER_SECONDS = 5.0
 
 _reads = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="output-read")
 
@@ -160,17 +165,18 @@ class OutputWakes:
                 for wake in followers:
                     wake.set()
 
-    async def read(self, job_id: int, offset: int) -> tuple[Job, OutputPage] | None:
-        """The job's log after ``offset``, read once for all its followers at that offset
-        since its latest wake: fifty followers of one job cost one read, not fifty."""
+    def read(self, job_id: int, offset: int) -> asyncio.Future:
+        """The job's log after ``offset`` (the job and its page, or None when the job is
+        gone), read once for all its followers at that offset since its latest wake: fifty
+        followers of one job cost one read, not fifty. Await it shielded: a follower that
+        goes away does not cancel the others' read."""
         key = (job_id, offset, self._wakes.get(job_id, 0))
         shared = self._reads.get(key)
         if shared is None:
             shared = asyncio.ensure_future(_read_async(job_id, offset))
             self._reads[key] = shared
             shared.add_done_callback(lambda _: self._reads.pop(key, None))
-        # A follower that goes away does not cancel the others' read.
-        return await asyncio.shield(shared)
+        return shared
 
     async def _listen(self) -> None:
         pause = RESUBSCRIBE_FIRST_SECONDS
@@ -184,6 +190,7 @@ class OutputWakes:
             try:
                 async with client.pubsub(ignore_subscribe_messages=True) as pubsub:
                     await pubsub.subscribe(settings.JOB_OUTPUT_CHANNEL)
+                    await self._answered(pubsub)
                     if away:
                         logger.info("job output wakes: Redis answers again")
                         away = False
@@ -206,18 +213,40 @@ class OutputWakes:
                 with contextlib.suppress(redis.RedisError, OSError):
                     await client.aclose()
 
+    async def _answered(self, pubsub) -> None:
+        """Redis answers a ping (a subscription sent is no proof it took: a hung Redis's
+        kernel takes the bytes); what came before the answer wakes its followers."""
+        await pubsub.ping()
+        asked_at = time.monotonic()
+        while (message := await pubsub.get_message(timeout=1.0)) is None or (
+            message["type"] != "pong"
+        ):
+            if message is not None:
+                self._wake_for(message)
+            if time.monotonic() - asked_at >= PING_ANSWER_SECONDS:
+                raise redis.TimeoutError(f"no answer to a ping in {PING_ANSWER_SECONDS:g} s")
+
     async def _relay(self, pubsub) -> None:
         quiet_since = time.monotonic()
+        pinged_at = None
         while self._followers:
             message = await pubsub.get_message(timeout=1.0)
             if message is not None:
+                # Anything that comes, a wake or the ping's answer, says Redis is there.
                 quiet_since = time.monotonic()
-                with contextlib.suppress(ValueError, TypeError):
-                    self._wake({int(message["data"])})
+                pinged_at = None
+                self._wake_for(message)
+            elif pinged_at is not None:
+                if time.monotonic() - pinged_at >= PING_ANSWER_SECONDS:
+                    raise redis.TimeoutError(f"no answer to a ping in {PING_ANSWER_SECONDS:g} s")
             elif time.monotonic() - quiet_since >= SUBSCRIPTION_PING_SECONDS:
-                # A Redis that hangs answers nothing: the ping's timeout tells.
                 await pubsub.ping()
-                quiet_since = time.monotonic()
+                pinged_at = time.monotonic()
+
+    def _wake_for(self, message) -> None:
+        if message["type"] == "message":
+            with contextlib.suppress(ValueError, TypeError):
+                self._wake({int(message["data"])})
 
 
 wakes = OutputWakes()
@@ -334,27 +363,58 @@ async def follow(
     the reader's access token expires, or the reader may no longer log in (the client's
     next request is refused as any would be)."""
     wake = wakes.watch(job_id)
+    # The read and the reader's check in progress. Neither is waited on for longer than a
+    # keep-alive: a database that does not answer (a hung server, a network that drops
+    # every packet) leaves a read waiting on a socket that tells nothing for many minutes,
+    # and the stream must keep its keep-alive, its end and its reader's check meanwhile.
+    # Each is waited on again, never asked again, until it answers: a stream adds one
+    # read at most to the threads' queue, however long the database is silent.
+    reading: asyncio.Future | None = None
+    silent: asyncio.Future | None = None
+    checking: asyncio.Future | None = None
     try:
         yield retry_field()
+        keepalive = settings.JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS
         closes_at = time.monotonic() + settings.JOB_OUTPUT_FOLLOW_MAX_SECONDS
         if reader is not None:
             closes_at = min(closes_at, time.monotonic() + reader.token_expires_at - time.time())
         said_at = checked_at = time.monotonic()
         pause = settings.JOB_OUTPUT_FOLLOW_POLL_SECONDS
         while time.monotonic() < closes_at:
-            if (
-                reader is not None
-                and time.monotonic() - checked_at >= settings.JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS
-            ):
-                checked_at = time.monotonic()
-                if not await _still_may_read(reader):
-                    return
-            wake.clear()
+            if reader is not None:
+                if checking is not None and checking.done():
+                    may_read, checking = checking.result(), None
+                    if not may_read:
+                        return
+                if checking is None and time.monotonic() - checked_at >= keepalive:
+                    checked_at = time.monotonic()
+                    checking = asyncio.ensure_future(_still_may_read(reader))
+            if reading is None:
+                wake.clear()
+                reading = wakes.read(job_id, offset)
             try:
-                read = await wakes.read(job_id, offset)
+                until_closed = max(closes_at - time.monotonic(), 0)
+                read = await asyncio.wait_for(
+                    asyncio.shield(reading), timeout=min(keepalive, until_closed)
+                )
+            except TimeoutError:
+                if silent is not reading and time.monotonic() < closes_at:
+                    silent = reading
+                    logger.warning(
+                        "job %s output: the log could not be read (no answer in %g s)",
+                        job_id,
+                        keepalive,
+                    )
+                if time.monotonic() - said_at >= keepalive:
+                    said_at = time.monotonic()
+                    yield ": still running\n\n"
+                continue
             except DatabaseError as exc:
+                reading = None
                 logger.warning("job %s output: the log could not be read (%s)", job_id, exc)
                 read = False
+            else:
+                reading = None
             if read is None:
                 return
             if read:
@@ -371,13 +431,15 @@ async def follow(
             else:
                 # The database is away: ask it less often until it answers.
                 pause = min(pause * 2, RESUBSCRIBE_MAX_SECONDS)
-            if time.monotonic() - said_at >= settings.JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS:
+            if time.monotonic() - said_at >= keepalive:
                 said_at = time.monotonic()
                 yield ": still running\n\n"
             until_closed = max(closes_at - time.monotonic(), 0)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=min(pause, until_closed))
     finally:
+        if checking is not None:
+            checking.cancel()
         wakes.unwatch(job_id, wake)
         if slot is not None:
             slot.give_back()
