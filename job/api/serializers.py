@@ -305,6 +305,9 @@ class OutputAppendedOutput(serializers.Serializer):
 # A reader's page of a job's log: by default, and at most.
 OUTPUT_PAGE_DEFAULT_CHARS = 64 * 1024
 OUTPUT_PAGE_MAX_CHARS = 1024 * 1024
+# The furthest offset a reader may ask for: far past any log, and with room below the
+# offsets' bigint for the ``next_offset`` an answer adds a page to it.
+OUTPUT_OFFSET_MAX = 2**62
 
 
 class OutputFilters(serializers.Serializer):
@@ -312,6 +315,7 @@ class OutputFilters(serializers.Serializer):
         required=False,
         default=0,
         min_value=0,
+        max_value=OUTPUT_OFFSET_MAX,
         help_text="Where to read from: 0, or the `next_offset` of the previous page.",
     )
     limit = WholeNumberField(
@@ -328,7 +332,7 @@ class FollowFrom(serializers.Serializer):
         required=False,
         default=0,
         min_value=0,
-        max_value=2**62,
+        max_value=OUTPUT_OFFSET_MAX,
         help_text=(
             "Where to follow from: 0, or a page's `next_offset`. A reconnecting client's "
             "`Last-Event-ID` header takes its place."
