@@ -122,8 +122,10 @@ class NewestEventsFirstPagination(NewestFirstCursorPagination):
     ordering = ("-id",)
 
     def position_valid(self, position: str) -> bool:
-        # Compared with a bigint column.
-        return position.isdigit() and int(position) < 2**63
+        # Compared with a bigint column, and written by the API in ASCII digits: str.isdigit()
+        # alone also takes a superscript two, which int() refuses, and the digits of other
+        # scripts, which no cursor of ours holds.
+        return position.isascii() and position.isdigit() and int(position) < 2**63
 
 
 # --- output -------------------------------------------------------------------------------
