@@ -343,7 +343,8 @@ class JobRerunApi(APIView):
             409: error_response(
                 "`job_not_finished` (pending or running), `automation_inactive`, "
                 "`automation_misconfigured` (its parameter schema is broken), "
-                "`idempotency_key_reused`."
+                "`idempotency_key_reused`, `tenant_inactive` (the caller's tenant deactivated "
+                "while the request ran)."
             ),
         },
     )
