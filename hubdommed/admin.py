@@ -220,6 +220,10 @@ class HubAdminSite(admin.AdminSite):
     # breadcrumbs and the front page give anyway.
     enable_nav_sidebar = False
 
+    def has_permission(self, request) -> bool:
+        # Platform admins only: staff without a tenant (``User.is_platform_admin``).
+        return bool(getattr(request.user, "is_platform_admin", False))
+
     def index(self, request, extra_context=None):
         now = timezone.now()
         context = {

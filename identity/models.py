@@ -128,7 +128,10 @@ class User(Timestamped, Deactivatable, AbstractBaseUser, PermissionsMixin):
 
     @property
     def is_platform_admin(self) -> bool:
-        return self.is_active and self.is_staff
+        """Staff without a tenant: the one rule, for the API and the admin site alike (the
+        table's check lets a staff account hold a tenant; such an account is its tenant's
+        person, not an admin of every tenant)."""
+        return self.is_active and self.is_staff and self.tenant_id is None
 
     @property
     def may_log_in(self) -> bool:

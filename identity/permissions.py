@@ -22,7 +22,7 @@ class IsPlatformAdmin(BasePermission):
     message = "Only platform admins may do this."
 
     def has_permission(self, request, view) -> bool:
-        return is_person(request.user) and request.user.is_staff
+        return is_person(request.user) and request.user.is_platform_admin
 
 
 class IsTenantMember(BasePermission):

@@ -200,7 +200,7 @@ class EventsApi(GenericAPIView):
         filters.is_valid(raise_exception=True)
         events = event_list(
             caller_tenant_id=request.user.tenant_id,
-            platform_admin=request.user.is_staff,
+            platform_admin=request.user.is_platform_admin,
             **filters.as_selector_filters(),
         )
         page = self.paginate_queryset(events)
