@@ -45,6 +45,10 @@ class TcpProxy:
             sockets, self._sockets = self._sockets, []
         self._listener.close()
         for sock in sockets:
+            # Shut down first: a pump's thread blocked in recv on it keeps the connection
+            # open past a bare close, and the service would never see it end.
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
             sock.close()
 
     def _keep(self, sock: socket.socket) -> bool:

@@ -10,6 +10,7 @@ behind a proxy the test freezes: connections stay open and nothing flows.
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 from django.db import connection
@@ -32,10 +33,13 @@ def test_a_stream_whose_database_hangs_keeps_talking_ends_on_time_and_gives_its_
     streams, user
 ):
     db = connection.settings_dict
+    # The stream process's sessions, told apart from any other test's on this database.
+    name = f"stream-hang-{uuid.uuid4().hex[:8]}"
     proxy = TcpProxy(int(db["PORT"]), target_host=db["HOST"])
     server = None
     try:
         server = streams(
+            PGAPPNAME=name,
             DATABASE_URL=f"postgres://{db['USER']}@127.0.0.1:{proxy.port}/{db['NAME']}",
             JOB_OUTPUT_FOLLOW_POLL_SECONDS="0.3",
             JOB_OUTPUT_FOLLOW_KEEPALIVE_SECONDS="1",
@@ -77,13 +81,13 @@ def test_a_stream_whose_database_hangs_keeps_talking_ends_on_time_and_gives_its_
         proxy.close()
         # The stream process's sessions end as the proxy's sockets close: gone before the
         # test database is dropped.
-        wait_until(lambda: other_sessions() == 0, timeout=30, message="sessions still open")
+        wait_until(lambda: sessions_of(name) == 0, timeout=60, message="sessions still open")
 
 
-def other_sessions() -> int:
+def sessions_of(application_name: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND pid <> pg_backend_pid()"
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            [application_name],
         )
         return cursor.fetchone()[0]
