@@ -25,3 +25,17 @@ def default_queue(settings, exchange_name):
             channel.queue_delete(name)
     finally:
         conn.close()
+
+
+def publish_confirmed(url: str, queue: str, bodies: list[bytes]) -> None:
+    """Publish ``bodies`` to ``queue`` through the default exchange and return once the
+    broker confirmed each: a test that then waits for them knows they are in the queue
+    (unconfirmed, a busy broker may still be taking them, or have refused them unseen)."""
+    connection = pika.BlockingConnection(pika.URLParameters(url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for body in bodies:
+            channel.basic_publish("", queue, body, mandatory=True)
+    finally:
+        connection.close()

@@ -10,6 +10,7 @@ import pytest
 from broker.base import TransportUnavailable
 from broker.rabbitmq import consumer as consume_rabbitmq
 from broker.rabbitmq.consumer import RabbitMQConsumer
+from tests.broker.conftest import publish_confirmed
 from tests.forwarding import Forwarder
 from tests.polling import wait_until
 
@@ -50,13 +51,15 @@ def test_acks_of_a_group_cover_only_its_own_messages(settings, default_queue):
     consumer = RabbitMQConsumer()
     consumer.start(["default"], prefetch=10)
     try:
-        publisher = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-        channel = publisher.channel()
-        for number in range(6):
-            channel.basic_publish("", queue, f"message {number}".encode())
-        publisher.close()
+        publish_confirmed(
+            settings.RABBITMQ_URL, queue, [f"message {number}".encode() for number in range(6)]
+        )
         received = []
-        wait_until(lambda: received.extend(consumer.poll(0.1)) or len(received) == 6, timeout=10)
+        wait_until(
+            lambda: received.extend(consumer.poll(0.1)) or len(received) == 6,
+            timeout=30,
+            message=lambda: f"{len(received)} of 6 received",
+        )
         held = received[3]
         group = [received[number] for number in (4, 0, 2, 1, 5)]
         done = threading.Event()
@@ -91,7 +94,8 @@ def test_a_connection_lost_under_an_ack_is_unavailable_at_the_next_poll(settings
     poll is then a lost connection (the worker reconnects), never pika's own error about
     its closed timers."""
     queue = default_queue
-    broker = pika.URLParameters(settings.RABBITMQ_URL)
+    broker_url = settings.RABBITMQ_URL
+    broker = pika.URLParameters(broker_url)
     forwarder = Forwarder((broker.host, broker.port)).open()
     settings.RABBITMQ_URL = (
         f"amqp://{broker.credentials.username}:{broker.credentials.password}"
@@ -100,13 +104,13 @@ def test_a_connection_lost_under_an_ack_is_unavailable_at_the_next_poll(settings
     consumer = RabbitMQConsumer()
     consumer.start(["default"], prefetch=10)
     try:
-        publisher = pika.BlockingConnection(broker)
-        channel = publisher.channel()
-        for number in range(3):
-            channel.basic_publish("", queue, f"message {number}".encode())
-        publisher.close()
+        publish_confirmed(broker_url, queue, [f"message {number}".encode() for number in range(3)])
         received = []
-        wait_until(lambda: received.extend(consumer.poll(0.1)) or len(received) == 3, timeout=10)
+        wait_until(
+            lambda: received.extend(consumer.poll(0.1)) or len(received) == 3,
+            timeout=30,
+            message=lambda: f"{len(received)} of 3 received",
+        )
 
         forwarder.close()
         # On the I/O thread, as when a worker thread's ack is run by the poll: pika finds

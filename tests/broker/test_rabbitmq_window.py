@@ -3,10 +3,10 @@ the protocol's ``basic.qos`` carries."""
 
 from __future__ import annotations
 
-import pika
 import pytest
 
 from broker.rabbitmq.consumer import MAX_PREFETCH_COUNT, RabbitMQConsumer, prefetch_shares
+from tests.broker.conftest import publish_confirmed
 from tests.polling import wait_until
 
 
@@ -31,11 +31,9 @@ def test_a_window_beyond_what_basic_qos_carries_still_consumes(settings, default
     consumer = RabbitMQConsumer()
     try:
         consumer.start(["default"], prefetch=70_000)
-        publisher = pika.BlockingConnection(pika.URLParameters(settings.RABBITMQ_URL))
-        publisher.channel().basic_publish("", default_queue, b"one message")
-        publisher.close()
+        publish_confirmed(settings.RABBITMQ_URL, default_queue, [b"one message"])
         received: list = []
-        wait_until(lambda: received.extend(consumer.poll(0.1)) or received, timeout=10)
+        wait_until(lambda: received.extend(consumer.poll(0.1)) or received, timeout=30)
         assert [delivery.body for delivery in received] == [b"one message"]
     finally:
         consumer.close()
