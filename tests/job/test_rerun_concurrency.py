@@ -146,19 +146,27 @@ def assert_no_pending_job_is_left_behind(settings, automation) -> None:
     assert not Job.objects.filter(automation=automation, status=Job.Status.PENDING).exists()
 
 
-def test_re_runs_racing_the_automations_deactivation_are_created_or_refused(settings):
+def rerun_racing(deactivate) -> tuple:
+    """Re-runs of a finished job racing ``deactivate(person, automation, admin)``: the
+    person, the job's automation and every answer."""
     person = UserFactory()
     automation = AutomationWithWorkerFactory()
     job = finished_job(person, automation)
     admin = PlatformAdminFactory()
-
     answers = rerun_together(
         person,
         job,
         RERUNNERS,
-        beside=once_re_runs_are_made(
-            job, lambda: automation_deactivate(automation_id=automation.id, actor=admin)
-        ),
+        beside=once_re_runs_are_made(job, lambda: deactivate(person, automation, admin)),
+    )
+    return automation, answers
+
+
+def test_re_runs_racing_the_automations_deactivation_are_created_or_refused(settings):
+    automation, answers = rerun_racing(
+        lambda person, automation, admin: automation_deactivate(
+            automation_id=automation.id, actor=admin
+        )
     )
 
     assert set(Counter(status for status, _ in answers)) == {201, 409}
@@ -168,18 +176,8 @@ def test_re_runs_racing_the_automations_deactivation_are_created_or_refused(sett
 
 
 def test_re_runs_racing_the_tenants_deactivation_are_created_or_refused(settings):
-    person = UserFactory()
-    automation = AutomationWithWorkerFactory()
-    job = finished_job(person, automation)
-    admin = PlatformAdminFactory()
-
-    answers = rerun_together(
-        person,
-        job,
-        RERUNNERS,
-        beside=once_re_runs_are_made(
-            job, lambda: tenant_deactivate(tenant=person.tenant, actor=admin)
-        ),
+    automation, answers = rerun_racing(
+        lambda person, automation, admin: tenant_deactivate(tenant=person.tenant, actor=admin)
     )
 
     # Refused as the request is authenticated (the tenant found inactive), or by the
