@@ -480,18 +480,27 @@ def job_output_append(
     """Store a chunk of the running job's output, once per (job, attempt, seq).
 
     The job's row lock orders the chunks: each starts where the newest ends. Chunks of an
-    attempt come in order (``seq`` one past the newest); a repeat of an earlier one stores
-    nothing. Past JOB_OUTPUT_MAX_CHARS, the oldest chunks are deleted (never the new one).
-    No event: output is no transition, and the outbox would carry every line of it.
+    attempt come in order (``seq`` one past the newest); a repeat of an earlier one (the
+    same text) stores nothing, and other text under a stored ``seq`` is refused. Past
+    JOB_OUTPUT_MAX_CHARS, the oldest chunks are deleted (never the new one). No event:
+    output is no transition, and the outbox would carry every line of it.
     """
     job = _locked(Job.objects.filter(automation_id=worker.automation_id), job_id)
     job.check_output(claim_token)
     chunks = JobOutputChunk.objects.filter(job=job)
-    same = chunks.filter(attempt=job.attempt, seq=seq).first()
-    if same is not None:
-        return OutputAppended(same, stored=False)
     newest_of_attempt = chunks.filter(attempt=job.attempt).order_by("-seq").first()
     expected = 0 if newest_of_attempt is None else newest_of_attempt.seq + 1
+    same = chunks.filter(attempt=job.attempt, seq=seq).first()
+    if same is not None:
+        if same.text != text:
+            # Not a retry (a retry sends the same text): storing nothing and answering
+            # "stored before" would drop this text without a word.
+            raise Conflict(
+                f"Chunk {seq} was stored with other text; the next one is {expected}.",
+                code="output_seq_taken",
+                details={"seq": seq, "expected_seq": expected},
+            )
+        return OutputAppended(same, stored=False)
     if seq != expected:
         raise Conflict(
             f"Chunk {seq} comes out of order; the next one is {expected}.",

@@ -230,15 +230,17 @@ class JobOutputAppendApi(WorkerApi):
         not_found=_NOT_FOUND,
         conflicts=error_response(
             "`stale_claim`, `already_finished`, `not_running` (as a heartbeat's), "
-            "`output_out_of_order` (not the attempt's next chunk: `details.expected_seq`). "
-            "Nothing is stored."
+            "`output_out_of_order` (not the attempt's next chunk: `details.expected_seq`), "
+            "`output_seq_taken` (a chunk stored under this `seq` holds other text: "
+            "`details.seq`, `details.expected_seq`). Nothing is stored."
         ),
         operation_id="jobs_output_append",
         tags=["worker"],
         summary="Send a chunk of the running command's output",
         description=(
             "Chunks are numbered per attempt (`seq` 0, 1, 2...) and sent in order. Sending "
-            "a chunk again (a retry) is a 200 with `stored` false that stores nothing."
+            "a chunk again (a retry, the same text) is a 200 with `stored` false that "
+            "stores nothing."
         ),
     )
     def post(self, request, job_id: int):

@@ -71,6 +71,20 @@ def test_a_retried_chunk_is_stored_once(worker_api, running):
     assert stored(running) == [(0, 0, "one\n"), (1, 4, "two\n")]
 
 
+def test_a_chunk_sent_again_with_other_text_is_refused_and_the_first_kept(worker_api, running):
+    send(worker_api, running, 0, "one\n")
+    send(worker_api, running, 1, "two\n")
+
+    # Not a retry: a retry sends the same text. Its text would be lost without a word.
+    again = send(worker_api, running, 0, "uno\n")
+
+    assert again.status_code == 409
+    error = again.json()["error"]
+    assert error["code"] == "output_seq_taken"
+    assert error["details"] == {"seq": 0, "expected_seq": 2}
+    assert stored(running) == [(0, 0, "one\n"), (1, 4, "two\n")]
+
+
 def test_a_chunk_out_of_order_is_refused_with_the_one_expected(worker_api, running):
     send(worker_api, running, 0, "one\n")
 
