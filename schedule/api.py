@@ -251,7 +251,8 @@ class SchedulePauseApi(_ScheduleMoveApi):
         ScheduleSerializer,
         invalid=(
             "`invalid_params`, `params_too_large`, `invalid_cron` (the calendar has no "
-            "due time left)."
+            "due time left), `invalid_timezone` (this server cannot read the schedule's "
+            "zone)."
         ),
         not_found=_NOT_FOUND,
         conflicts="`schedule_inactive`, `automation_inactive`, `automation_misconfigured`.",

@@ -194,9 +194,16 @@ def schedule_deactivate(*, tenant: Any, schedule_id: int) -> Schedule:
 
 def first_due_after(cron: str, zone: str, now: datetime) -> datetime:
     """The first due time after ``now``, or the 400 a person gets when there is none
-    within the calendar's bound (or the stored calendar cannot be read)."""
+    within the calendar's bound, or the stored calendar or zone cannot be read."""
     try:
         return calendar.next_due_after(cron, zone, now)
+    except calendar.ZoneError as exc:
+        # A zone that passed when it was taken and this server cannot read now.
+        raise InvalidInput(
+            f"The schedule's time zone cannot be read: {exc}.",
+            code="invalid_timezone",
+            details={"timezone": [f"Cannot be read: {exc}."]},
+        ) from exc
     except calendar.UNREADABLE as exc:
         raise InvalidInput(
             f"The schedule has no due time: {exc}.",

@@ -383,6 +383,25 @@ def test_resuming_a_schedule_whose_calendar_has_no_due_time_left_is_a_400(
     assert schedule.status == "paused"
 
 
+def test_resuming_a_schedule_whose_zone_this_server_cannot_read_names_the_zone(
+    manager_api, tenant, automation
+):
+    # A zone taken when it was created, gone from the server's zone database since (an
+    # older tzdata on a new host, say): the calendar is fine, the zone is not.
+    schedule = new_schedule(tenant=tenant, automation=automation)
+    manager_api.post(f"{URL}/{schedule.pk}/pause")
+    Schedule.objects.filter(pk=schedule.pk).update(timezone="Mars/Olympus_Mons")
+
+    resumed = manager_api.post(f"{URL}/{schedule.pk}/resume")
+
+    assert resumed.status_code == 400
+    error = resumed.json()["error"]
+    assert error["code"] == "invalid_timezone"
+    assert "Mars/Olympus_Mons" in error["details"]["timezone"][0]
+    schedule.refresh_from_db()
+    assert schedule.status == "paused"
+
+
 # --- the tenant's limit -----------------------------------------------------------------------
 
 
