@@ -197,18 +197,14 @@ def first_due_after(cron: str, zone: str, now: datetime) -> datetime:
     within the calendar's bound, or the stored calendar or zone cannot be read."""
     try:
         return calendar.next_due_after(cron, zone, now)
-    except calendar.ZoneError as exc:
-        # A zone that passed when it was taken and this server cannot read now.
-        raise InvalidInput(
-            f"The schedule's time zone cannot be read: {exc}.",
-            code="invalid_timezone",
-            details={"timezone": [f"Cannot be read: {exc}."]},
-        ) from exc
     except calendar.UNREADABLE as exc:
+        # A zone that passed when it was taken and this server cannot read now is the
+        # zone's fault, not the expression's.
+        field = "timezone" if isinstance(exc, calendar.ZoneError) else "cron"
         raise InvalidInput(
             f"The schedule has no due time: {exc}.",
-            code="invalid_cron",
-            details={"cron": [f"No due time: {exc}."]},
+            code=f"invalid_{field}",
+            details={field: [f"No due time: {exc}."]},
         ) from exc
 
 
