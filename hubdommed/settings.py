@@ -110,6 +110,23 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
     "connect_timeout", env.int("DB_CONNECT_TIMEOUT", default=5, minimum=2)
 )
+# A host that vanishes once connected (a machine switched off, a network cut: no reset, no
+# answer) would hold a statement, and every process waiting on it, for as long as TCP
+# retries, about 15 minutes; a failover to a standby would wait as long. libpq gives such a
+# connection up after DB_DEAD_HOST_TIMEOUT seconds instead, whether it was sending (data
+# unacknowledged: ``tcp_user_timeout``) or waiting for an answer (keepalive probes from
+# half of it on, three of them unanswered). A live server's kernel answers both, however
+# long its statement runs. 0 leaves TCP's own. The same options in the URL win.
+DB_DEAD_HOST_TIMEOUT = env.int("DB_DEAD_HOST_TIMEOUT", default=10, minimum=0)
+if DB_DEAD_HOST_TIMEOUT:
+    for _name, _value in {
+        "tcp_user_timeout": DB_DEAD_HOST_TIMEOUT * 1000,
+        "keepalives": 1,
+        "keepalives_idle": max(1, DB_DEAD_HOST_TIMEOUT // 2),
+        "keepalives_interval": max(1, DB_DEAD_HOST_TIMEOUT // 6),
+        "keepalives_count": 3,
+    }.items():
+        DATABASES["default"]["OPTIONS"].setdefault(_name, _value)
 # No statement of a daemon (the relay, the worker and its tasks, the scheduler, the
 # monitor) waits for a row lock longer than this (seconds; 0: as long as its holder keeps
 # it). A session that holds a lock without end (an operator's psql left in a transaction,

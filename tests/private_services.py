@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ipaddress
 import json
 import os
 import pwd
@@ -87,6 +88,8 @@ class PrivatePostgres:
     listening on 127.0.0.1 only."""
 
     user = "postgres"
+    # Where it listens and is reached.
+    host = HOST
 
     def __init__(
         self, base_dir: str | Path | None = None, *, settings: dict[str, str] | None = None
@@ -106,10 +109,14 @@ class PrivatePostgres:
         _ALIVE.add(self)
 
     def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        command = ["runuser", "-u", self.user, "--", *args]
+        command = [*self._prefix(), "runuser", "-u", self.user, "--", *args]
         return subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, check=True, cwd=self.dir
         )
+
+    def _prefix(self) -> list[str]:
+        """What its commands run under (nothing here; a network namespace below)."""
+        return []
 
     def _pg_ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return self._run(
@@ -124,7 +131,7 @@ class PrivatePostgres:
         )  # fmt: skip
         settings = {
             "port": str(self.port),
-            "listen_addresses": f"'{HOST}'",
+            "listen_addresses": f"'{self.host}'",
             "unix_socket_directories": f"'{self.dir}'",
             "fsync": "off",
             "synchronous_commit": "off",
@@ -142,7 +149,7 @@ class PrivatePostgres:
             conf.writelines(f"{name} = {value}\n" for name, value in settings.items())
 
     def url(self, dbname: str = "postgres") -> str:
-        return f"postgres://{self.user}@{HOST}:{self.port}/{dbname}"
+        return f"postgres://{self.user}@{self.host}:{self.port}/{dbname}"
 
     @property
     def running(self) -> bool:
@@ -237,6 +244,85 @@ class PrivatePostgres:
             with contextlib.suppress(Exception):
                 self.stop("immediate")
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class VanishingLink:
+    """An address in a network namespace of its own, reached from here over a veth pair.
+    What listens there can vanish from the network as a machine switched off does:
+    ``vanish()`` takes its end of the link down, and what is sent to it is dropped without
+    a word (no reset, no answer, no route error) until ``come_back()``. Needs root.
+
+    The address is drawn from the process id (10.128.0.0/12, a /30 each), so concurrent
+    test processes never share one; a link left by a killed process of the same id is
+    removed first.
+    """
+
+    _count = 0
+
+    def __init__(self) -> None:
+        VanishingLink._count += 1
+        pid, n = os.getpid(), VanishingLink._count % 8
+        self.name = f"hd{pid}n{n}"
+        self.outer, self.inner = f"hd{pid}n{n}o", f"hd{pid}n{n}i"
+        base = ipaddress.IPv4Address("10.128.0.0") + (pid * 8 + n) * 4
+        self.near, self.address = str(base + 1), str(base + 2)
+        _ALIVE.add(self)
+
+    def _ip(self, *args: str, inside: bool = False, check: bool = True) -> None:
+        command = [*(self.prefix() if inside else []), "ip", *args]
+        subprocess.run(command, capture_output=True, text=True, timeout=30, check=check)
+
+    def prefix(self) -> list[str]:
+        """Runs a command inside the namespace."""
+        return ["ip", "netns", "exec", self.name]
+
+    def start(self) -> None:
+        self.close()
+        _ALIVE.add(self)
+        self._ip("netns", "add", self.name)
+        self._ip("link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
+        self._ip("link", "set", self.inner, "netns", self.name)
+        self._ip("addr", "add", f"{self.near}/30", "dev", self.outer)
+        self._ip("link", "set", self.outer, "up")
+        self._ip("addr", "add", f"{self.address}/30", "dev", self.inner, inside=True)
+        self._ip("link", "set", "lo", "up", inside=True)
+        self.come_back()
+
+    def vanish(self) -> None:
+        self._ip("link", "set", self.inner, "down", inside=True)
+
+    def come_back(self) -> None:
+        self._ip("link", "set", self.inner, "up", inside=True)
+
+    def close(self) -> None:
+        _ALIVE.discard(self)
+        self._ip("link", "del", self.outer, check=False)
+        self._ip("netns", "del", self.name, check=False)
+
+
+class VanishingPostgres(PrivatePostgres):
+    """A ``PrivatePostgres`` that runs behind a ``VanishingLink``, listening on its address:
+    ``link.vanish()`` is its machine switched off, for the clients connected to it."""
+
+    def __init__(self, link: VanishingLink, **kwargs) -> None:
+        self.link = link
+        self.host = link.address
+        super().__init__(**kwargs)
+
+    def _prefix(self) -> list[str]:
+        return self.link.prefix()
+
+    def _initdb(self) -> None:
+        super()._initdb()
+        # Its clients come from this side of the link.
+        with (self.data / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all all {self.link.near}/32 trust\n")
+
+    def close(self) -> None:
+        # Reachable again first: a fast stop waits for nothing it cannot reach.
+        with contextlib.suppress(Exception):
+            self.link.come_back()
+        super().close()
 
 
 def _children(pid: int) -> list[int]:
