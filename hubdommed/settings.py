@@ -102,6 +102,9 @@ TEMPLATES = [
 DATABASES = {
     "default": env.db("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/hubdommed"),
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    # The same backend, asking first the host that served last (several hosts in the URL).
+    DATABASES["default"]["ENGINE"] = "common.postgresql"
 DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DB_CONN_MAX_AGE", default=60, minimum=0))
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # libpq waits for a host that does not answer as long as TCP does (minutes): with several

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 
 import pytest
 from django.db import OperationalError, connection
-from django.db.backends.postgresql.base import DatabaseWrapper
+from django.db.utils import load_backend
 
 from tests.polling import wait_until
 from tests.private_services import VanishingLink, VanishingPostgres
@@ -67,7 +67,7 @@ class Talk(threading.Thread):
             "HOST": self.server.host,
             "PORT": str(self.server.port),
         }
-        wrapper = DatabaseWrapper(config, alias="vanishing")
+        wrapper = load_backend(config["ENGINE"]).DatabaseWrapper(config, alias="vanishing")
         try:
             with wrapper.cursor() as cursor:
                 cursor.execute("SELECT 1")

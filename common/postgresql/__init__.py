@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend, asking first the host that served last (``base``)."""
