@@ -314,9 +314,10 @@ class VanishingPostgres(PrivatePostgres):
 
     def _initdb(self) -> None:
         super()._initdb()
-        # Its clients come from this side of the link.
+        # Its clients, and a standby's replication, come from this side of the link.
         with (self.data / "pg_hba.conf").open("a") as hba:
             hba.write(f"host all all {self.link.near}/32 trust\n")
+            hba.write(f"host replication all {self.link.near}/32 trust\n")
 
     def close(self) -> None:
         # Reachable again first: a fast stop waits for nothing it cannot reach.
@@ -350,8 +351,9 @@ class PrivateStandby(PrivatePostgres):
         self.name = name
 
     def _initdb(self) -> None:
+        primary = self.primary
         conninfo = (
-            f"host={HOST} port={self.primary.port} user={self.user} application_name={self.name}"
+            f"host={primary.host} port={primary.port} user={self.user} application_name={self.name}"
         )
         self._run(
             str(POSTGRES_BIN / "pg_basebackup"), "-D", str(self.data), "-R", "-X", "stream",
@@ -361,6 +363,7 @@ class PrivateStandby(PrivatePostgres):
         # The primary's configuration came with the backup: this server's own address.
         self._configure({
             "port": str(self.port),
+            "listen_addresses": f"'{self.host}'",
             "unix_socket_directories": f"'{self.dir}'",
             "hot_standby": "on",
             # Once promoted it has no standby of its own to wait for.

@@ -1,29 +1,41 @@
-"""Scenario 11: the PostgreSQL primary killed under load, its standby promoted.
+"""Scenario 11: the PostgreSQL primary killed under load, or its machine vanished, and its
+standby promoted.
 
 A private primary with a streaming standby (``pg_basebackup -R``) that it waits for on every
 commit (``synchronous_standby_names``, ``synchronous_commit = on``), from the moment the
 standby streams. ``DATABASE_URL`` lists
 both with ``target_session_attrs=read-write``, as a failover setup gives it. Jobs come
 through the API; each is two messages for the broker and a run for the worker. The
-primary is SIGKILLed; while nobody takes writes the API answers 503, never 500; the
-standby is promoted, and the API, the relay, the worker, the monitor and the scheduler all
-work on it within 15 s. Synchronous replication is what makes a 201 worth something here:
-every job whose POST was answered 201 is on the new primary, and its messages are
-delivered.
+primary is SIGKILLed (its clients' connections break at once), or its machine vanishes
+(it runs behind a ``VanishingLink`` taken down: no reset, no answer, and the first host of
+the URL never answers again); while nobody takes writes the API answers 503, never 500;
+the standby is promoted, and the API, the relay, the worker, the monitor and the scheduler
+all work on it within 15 s. A vanished primary's clients first wait for its connections to
+be given up (``DB_DEAD_HOST_TIMEOUT``), and each new connection waits the connect timeout
+on it until the process has met the promoted standby once. Synchronous replication is what
+makes a 201 worth something here: every job whose POST was answered 201 is on the new
+primary, and its messages are delivered.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 
 import pytest
 
-from tests.private_services import HOST, PrivatePostgres, PrivateStandby
+from tests.private_services import (
+    HOST,
+    PrivatePostgres,
+    PrivateStandby,
+    VanishingLink,
+    VanishingPostgres,
+)
 from tests.reliability import tasks
 from tests.reliability.support import (
     BrokerAudit,
+    Database,
     Figures,
     JobTraffic,
     Stack,
@@ -41,14 +53,20 @@ BACK_BOUND = 15.0
 DATABASE = "hd_failover"
 
 
-@pytest.fixture
-def replicated() -> Iterator[tuple[PrivatePostgres, PrivateStandby]]:
-    """A migrated primary and its synchronous standby, streaming."""
-    primary = PrivatePostgres(
-        settings={"synchronous_commit": "on", "wal_level": "replica", "max_wal_senders": "5"}
+@pytest.fixture(params=["killed", "vanished"])
+def replicated(request) -> Iterator[tuple[PrivatePostgres, PrivateStandby, Callable[[], None]]]:
+    """A migrated primary and its synchronous standby, streaming, and how the primary fails."""
+    settings = {"synchronous_commit": "on", "wal_level": "replica", "max_wal_senders": "5"}
+    link = VanishingLink() if request.param == "vanished" else None
+    primary = (
+        PrivatePostgres(settings=settings)
+        if link is None
+        else VanishingPostgres(link, settings=settings)
     )
     standby = PrivateStandby(primary, name="standby")
     try:
+        if link is not None:
+            link.start()
         primary.start()
         primary.create_database(DATABASE)
         migrate(primary.url(DATABASE))
@@ -59,10 +77,12 @@ def replicated() -> Iterator[tuple[PrivatePostgres, PrivateStandby]]:
         primary.execute("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
         primary.execute("SELECT pg_reload_conf()")
         wait_for(lambda: standby.streaming() == "sync", timeout=60, what="the standby in sync")
-        yield primary, standby
+        yield primary, standby, primary.kill if link is None else link.vanish
     finally:
         standby.close()
         primary.close()
+        if link is not None:
+            link.close()
 
 
 def last_database_warning(stack: Stack, name: str) -> float | None:
@@ -81,11 +101,16 @@ def last_database_warning(stack: Stack, name: str) -> float | None:
 def test_the_primary_killed_and_its_standby_promoted_loses_no_acknowledged_job(
     replicated, make_stack, figures
 ):
-    primary, standby = replicated
+    primary, standby, fail = replicated
     url = (
-        f"postgres://postgres@{HOST}:{primary.port},{HOST}:{standby.port}/{DATABASE}"
+        f"postgres://postgres@{primary.host}:{primary.port},{HOST}:{standby.port}/{DATABASE}"
         "?target_session_attrs=read-write"
     )
+    vanished = isinstance(primary, VanishingPostgres)
+    # A vanished primary's connections are given up after DB_DEAD_HOST_TIMEOUT (10 s), and a
+    # new one then waits the connect timeout (5 s) on it to find only the standby, read-only:
+    # the promotion comes after both, so that every client meets the outage, as after a kill.
+    no_primary = NO_PRIMARY + (10 + 5 if vanished else 0)
     stack = make_stack(database_url=url, effect_subscribes=["JobCreated"])
     seeded = seed(stack)
     stack.api(workers=3)
@@ -107,12 +132,15 @@ def test_the_primary_killed_and_its_standby_promoted_loses_no_acknowledged_job(
     try:
         traffic.start()
         wait_for(lambda: traffic.created >= 2 * RATE, timeout=60, what="traffic")
-        primary.kill()
+        fail()
         killed_at = time.monotonic()
-        time.sleep(NO_PRIMARY)
+        time.sleep(no_primary)
         refused_before = traffic.statuses[503]
         standby.promote()
         promoted_at, promoted_wall = time.monotonic(), time.time()
+        # The test reads the new primary straight: a vanished first host in the URL would
+        # cost each of its reads the connect timeout.
+        stack.database = Database(standby.url(DATABASE))
         moment = stack.database.now()  # the new primary's clock
         wait_for(
             lambda: (traffic.last_created_at or 0) > promoted_at,
@@ -163,7 +191,7 @@ def test_the_primary_killed_and_its_standby_promoted_loses_no_acknowledged_job(
     daemons_back = {name: (at - promoted_wall if at else 0.0) for name, at in quiet_since.items()}
     figures(
         Figures(
-            "11 PostgreSQL failover",
+            f"11 PostgreSQL failover ({'vanished' if vanished else 'killed'})",
             sent=len(expected),
             delivered=len(expected & audit.seen),
             duplicates=audit.duplicates(),
