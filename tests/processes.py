@@ -54,3 +54,16 @@ def wait_until_it_handles(
         timeout=timeout,
         message=f"process {process.pid} to handle signal {signum}",
     )
+
+
+def database_sessions(application_name: str) -> int:
+    """How many sessions of the test database a process started with ``PGAPPNAME`` (its
+    ``application_name``) still has open: told apart from any other test's."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+            [application_name],
+        )
+        return cursor.fetchone()[0]

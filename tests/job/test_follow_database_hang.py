@@ -19,6 +19,7 @@ from tests.job import test_output_follow
 from tests.job.test_follow_limits import Stream, status_of_one_more
 from tests.job.test_output_follow import append, headers_of, running_job
 from tests.polling import wait_until
+from tests.processes import database_sessions
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -81,13 +82,4 @@ def test_a_stream_whose_database_hangs_keeps_talking_ends_on_time_and_gives_its_
         proxy.close()
         # The stream process's sessions end as the proxy's sockets close: gone before the
         # test database is dropped.
-        wait_until(lambda: sessions_of(name) == 0, timeout=60, message="sessions still open")
-
-
-def sessions_of(application_name: str) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
-            [application_name],
-        )
-        return cursor.fetchone()[0]
+        wait_until(lambda: database_sessions(name) == 0, timeout=60, message="sessions still open")

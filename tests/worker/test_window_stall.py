@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 
 import pytest
 from django.db import transaction
@@ -15,7 +16,7 @@ from outbox.models import TaskRun
 from outbox.services import dispatch
 from tests.polling import wait_until
 from tests.private_services import Daemon
-from tests.processes import process_environment
+from tests.processes import database_sessions, process_environment
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -29,9 +30,12 @@ def age(path) -> float:
 def test_a_claim_with_no_answer_stops_the_workers_signs_of_life(broker, relay, settings, tmp_path):
     db = settings.DATABASES["default"]
     liveness = tmp_path / "worker.alive"
+    # The worker's sessions, told apart from any other test's on this database.
+    name = f"window-stall-{uuid.uuid4().hex[:8]}"
     with TcpProxy(int(db["PORT"] or 5432), target_host=db["HOST"]) as proxy:
         env = process_environment(
             settings,
+            PGAPPNAME=name,
             BROKER="rabbitmq",
             DATABASE_URL=f"postgres://{db['USER']}@127.0.0.1:{proxy.port}/{db['NAME']}",
             LIVENESS_FILE=str(liveness),
@@ -57,4 +61,7 @@ def test_a_claim_with_no_answer_stops_the_workers_signs_of_life(broker, relay, s
         finally:
             proxy.thaw()
             worker.stop()
+    # The worker's sessions end as the proxy's sockets close: gone before the test database
+    # is dropped (it refuses while a session is open).
+    wait_until(lambda: database_sessions(name) == 0, timeout=60, message="sessions still open")
     assert "bookkeeping moves again" in worker.log
