@@ -19,6 +19,8 @@ import pytest
 from django.db import connection
 from django.db.utils import load_backend
 
+from common.postgresql.base import served_first
+
 pytestmark = pytest.mark.django_db
 
 
@@ -88,3 +90,25 @@ def test_the_host_that_served_last_is_asked_first_by_the_next_connection():
     assert all(took < timeout / 2 for _, took in then), [took for _, took in then]
     # The order is the process's memory, not a change to the settings.
     assert config["PORT"] == ports
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "served", "expected"),
+    [
+        # A port for each host: the pair moves.
+        ("db1,db2,db3", "5432,5433,5434", ("db3", "5434"), ("db3,db1,db2", "5434,5432,5433")),
+        # One port for all, or none: the host moves.
+        ("db1,db2", "5432", ("db2", "5432"), ("db2,db1", "5432")),
+        ("db1,db2", "", ("db2", "5432"), ("db2,db1", "")),
+        # First already, or not one of them (the URL changed): as given.
+        ("db1,db2", "5432,5433", ("db1", "5432"), ("db1,db2", "5432,5433")),
+        ("db1,db2", "5432,5433", ("db2", "5432"), ("db1,db2", "5432,5433")),
+        ("db1,db2", "5432,5433", ("db9", "5433"), ("db1,db2", "5432,5433")),
+    ],
+)
+def test_the_host_that_served_goes_first_with_its_port(host, port, served, expected):
+    params = {"host": host, "port": port} if port else {"host": host}
+
+    served_first(params, served)
+
+    assert (params["host"], params.get("port", "")) == expected
