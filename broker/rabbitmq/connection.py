@@ -21,6 +21,12 @@ from pika.adapters.utils.connection_workflow import (
 
 logger = logging.getLogger("hubdommed.broker")
 
+# What pika's connection workflow raises, besides its own ``AMQPError`` family, when a
+# connection cannot be opened: its connector's errors, a socket's, and a ValueError when the
+# TCP connection is reset as it opens (its stream connector's getpeername() check fails:
+# seen as a cluster node was killed). Each is the broker unreachable, never a crash.
+CONNECT_FAILURES = (AMQPConnectorException, AMQPConnectionWorkflowFailed, OSError, ValueError)
+
 # Seconds to wait for the broker to open a connection or answer a batch.
 CONNECT_TIMEOUT = 5.0
 ANSWER_TIMEOUT = 30.0
@@ -79,13 +85,14 @@ def _bounded(params: pika.URLParameters) -> pika.URLParameters:
 def blocking_connection(nodes: list[pika.URLParameters]) -> pika.BlockingConnection:
     """``pika.BlockingConnection`` over ``nodes``, each tried in turn. Any failure to
     connect is pika's ``AMQPConnectionError``: its connection workflow raises some outside
-    its own ``AMQPError`` family (a node that accepts the connection and never answers
-    ends in ``AMQPConnectorStackTimeout``), which the callers' handling would miss."""
+    its own ``AMQPError`` family (``CONNECT_FAILURES``: a node that accepts the connection
+    and never answers ends in ``AMQPConnectorStackTimeout``), which the callers' handling
+    would miss."""
     try:
         return pika.BlockingConnection(nodes)
     except pika.exceptions.AMQPError:
         raise
-    except (AMQPConnectorException, AMQPConnectionWorkflowFailed, OSError) as exc:
+    except CONNECT_FAILURES as exc:
         raise pika.exceptions.AMQPConnectionError(repr(exc)) from exc
 
 

@@ -47,6 +47,7 @@ from broker.base import (
 from broker.metrics import PUBLISHING_BLOCKED
 from broker.rabbitmq.connection import (
     ANSWER_TIMEOUT,
+    CONNECT_FAILURES,
     CONNECT_TIMEOUT,
     connection_parameters,
     node_failed,
@@ -572,7 +573,7 @@ class RabbitMQTransport(Transport):
         params = connection_parameters()
         try:
             self._conn = _Connection(params, on_held=self.on_held)
-        except pika.exceptions.AMQPError as exc:
+        except (pika.exceptions.AMQPError, *CONNECT_FAILURES) as exc:
             node_failed(params)
             raise TransportUnavailable(f"cannot connect to RabbitMQ: {exc!r}") from exc
         except TransportUnavailable:
